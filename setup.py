@@ -1,0 +1,26 @@
+"""ssl_engine: a self-supervised learning engine for images."""
+from setuptools import find_packages, setup
+
+setup(
+    name="ssl_engine",
+    version="0.1.0",
+    description="Self-supervised pretraining and evaluation of vision models, "
+    "configured with Hydra, distributed with torch.distributed",
+    python_requires=">=3.9",
+    packages=find_packages(include=["ssl_engine", "ssl_engine.*"]),
+    install_requires=[
+        "torch>=2.0",
+        "torchvision>=0.15",
+        "classy-vision==0.7.0",
+        "hydra-core>=1.3",
+        "omegaconf>=2.3",
+        "numpy",
+        "fairscale>=0.4.13",
+        "pillow",
+        # TensorBoard event files are written with tensorboard's own SummaryWriter
+        "tensorboard",
+        # the bundled default data set (handwritten digits) and the stratified splits
+        "scikit-learn",
+    ],
+    extras_require={"dev": ["pytest"]},
+)

@@ -1,0 +1,95 @@
+"""Settings that follow from others, and checks of combinations, done once before launch."""
+import logging
+import os
+
+from ssl_engine.config.attr_dict import AttrDict
+from ssl_engine.config.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_CHOICES = {
+    "MACHINE.DEVICE": ("cpu", "gpu"),
+    "DISTRIBUTED.BACKEND": ("auto", "gloo", "nccl"),
+    "DISTRIBUTED.INIT_METHOD": ("tcp", "file", "env"),
+    "DATA.TRAIN.LABEL_TYPE": ("standard", "sample_index"),
+    "DATA.TEST.LABEL_TYPE": ("standard", "sample_index"),
+}
+_POSITIVE = (
+    "DATA.TRAIN.BATCHSIZE_PER_REPLICA",
+    "DATA.TEST.BATCHSIZE_PER_REPLICA",
+    "OPTIMIZER.num_epochs",
+    "DISTRIBUTED.NUM_NODES",
+    "DISTRIBUTED.NUM_PROC_PER_NODE",
+    "LOG_FREQUENCY",
+    "TEST_EVERY_NUM_EPOCH",
+    "CHECKPOINT.CHECKPOINT_FREQUENCY",
+)
+
+
+def _get(cfg: AttrDict, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _check_choices(cfg: AttrDict) -> None:
+    for key, allowed in _CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"config.{key}={value!r} is not one of {', '.join(allowed)}")
+    for key in _POSITIVE:
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"config.{key} must be at least 1, got {_get(cfg, key)}")
+    if cfg.DATA.NUM_DATALOADER_WORKERS < 0:
+        raise ConfigError("config.DATA.NUM_DATALOADER_WORKERS must be >= 0")
+
+
+def _derive_device_and_backend(cfg: AttrDict) -> None:
+    import torch
+
+    use_gpu = cfg.MACHINE.DEVICE == "gpu"
+    if use_gpu and not torch.cuda.is_available():
+        raise ConfigError(
+            "config.MACHINE.DEVICE=gpu but no CUDA device is visible; "
+            "run with config.MACHINE.DEVICE=cpu"
+        )
+    if use_gpu and cfg.DISTRIBUTED.NUM_PROC_PER_NODE > torch.cuda.device_count():
+        raise ConfigError(
+            f"config.DISTRIBUTED.NUM_PROC_PER_NODE={cfg.DISTRIBUTED.NUM_PROC_PER_NODE} "
+            f"but only {torch.cuda.device_count()} GPUs are visible"
+        )
+    backend = cfg.DISTRIBUTED.BACKEND
+    if backend == "auto":
+        cfg.DISTRIBUTED.BACKEND = "nccl" if use_gpu else "gloo"
+    elif backend == "nccl" and not use_gpu:
+        raise ConfigError("config.DISTRIBUTED.BACKEND=nccl needs config.MACHINE.DEVICE=gpu")
+
+
+def _check_phases(cfg: AttrDict) -> None:
+    if cfg.TEST_ONLY and not cfg.TEST_MODEL:
+        raise ConfigError("config.TEST_ONLY=true needs config.TEST_MODEL=true")
+    if not cfg.TEST_ONLY and not cfg.DATA.TRAIN.DATA_SOURCES:
+        raise ConfigError("config.DATA.TRAIN.DATA_SOURCES is empty: name at least one data source")
+    if cfg.TEST_MODEL and not cfg.DATA.TEST.DATA_SOURCES:
+        raise ConfigError(
+            "config.TEST_MODEL=true but config.DATA.TEST.DATA_SOURCES is empty; "
+            "name a test data source or set config.TEST_MODEL=false"
+        )
+
+
+def global_batch_size(cfg: AttrDict) -> int:
+    world = cfg.DISTRIBUTED.NUM_NODES * cfg.DISTRIBUTED.NUM_PROC_PER_NODE
+    return cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA * world
+
+
+def derive_settings(cfg: AttrDict) -> AttrDict:
+    """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations."""
+    _check_choices(cfg)
+    _derive_device_and_backend(cfg)
+    _check_phases(cfg)
+    cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
+    from ssl_engine.optimizers import apply_auto_lr_scaling
+
+    cfg.OPTIMIZER = apply_auto_lr_scaling(cfg.OPTIMIZER, global_batch_size(cfg))
+    return cfg

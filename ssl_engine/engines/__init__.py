@@ -1,0 +1,19 @@
+"""Engines: the workflows the launcher runs by name (``engine_name=train`` ...).
+
+An engine is a function ``engine(cfg, dist_run_id, checkpoint_path, checkpoint_folder,
+hook_generator)`` registered with ``@register_engine(name)``; it runs in every process.
+"""
+from ssl_engine.utils.registry import Registry
+
+ENGINE_REGISTRY = Registry("engine")
+
+
+def register_engine(name: str):
+    return ENGINE_REGISTRY.register(name)
+
+
+def get_engine(name: str):
+    return ENGINE_REGISTRY.get(name)
+
+
+from ssl_engine.engines import train  # noqa: E402,F401  (registers)

@@ -1,0 +1,141 @@
+"""From command-line arguments to engine processes.
+
+Composes and checks the config, then either joins a world started by torchrun (rank variables
+already in the environment) or starts ``NUM_PROC_PER_NODE`` processes on this machine.
+"""
+import logging
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ssl_engine.config import AttrDict, ConfigError, load_config
+from ssl_engine.engines import get_engine
+from ssl_engine.utils.checkpoint import CheckpointError, list_checkpoints
+from ssl_engine.utils.registry import UnknownNameError
+
+logger = logging.getLogger(__name__)
+
+_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def started_by_torchrun() -> bool:
+    return all(name in os.environ for name in _RANK_VARIABLES)
+
+
+def dist_run_id(cfg: AttrDict) -> str:
+    """The torch.distributed init method for this run."""
+    method, run_id = cfg.DISTRIBUTED.INIT_METHOD, cfg.DISTRIBUTED.RUN_ID
+    if method == "env" or started_by_torchrun():
+        return "env://"
+    if method == "tcp":
+        if run_id == "auto":
+            if cfg.DISTRIBUTED.NUM_NODES > 1:
+                raise ConfigError("config.DISTRIBUTED.RUN_ID=auto works on one node only; "
+                                  "give host:port of node 0 for NUM_NODES > 1")
+            return f"tcp://127.0.0.1:{find_free_port()}"
+        return f"tcp://{run_id}"
+    if run_id == "auto":
+        if cfg.DISTRIBUTED.NUM_NODES > 1:
+            raise ConfigError("config.DISTRIBUTED.RUN_ID=auto works on one node only; "
+                              "give a file path on a shared file system for NUM_NODES > 1")
+        Path(cfg.CHECKPOINT.DIR).mkdir(parents=True, exist_ok=True)
+        run_id = os.path.join(cfg.CHECKPOINT.DIR, f".dist_init_{uuid.uuid4().hex}")
+    return f"file://{os.path.abspath(run_id)}"
+
+
+def _check_checkpoint_dir(cfg: AttrDict) -> None:
+    folder = Path(cfg.CHECKPOINT.DIR)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write_test_{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"config.CHECKPOINT.DIR={folder} is not writable: {err}") from None
+    if (list_checkpoints(folder) and not cfg.CHECKPOINT.AUTO_RESUME
+            and not cfg.CHECKPOINT.OVERWRITE_EXISTING):
+        raise ConfigError(
+            f"config.CHECKPOINT.DIR={folder} already holds checkpoints: set "
+            "config.CHECKPOINT.AUTO_RESUME=true to continue that run, "
+            "config.CHECKPOINT.OVERWRITE_EXISTING=true to start over, or pick another DIR"
+        )
+
+
+def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
+    """Everything that can be refused before a process starts."""
+    from ssl_engine.data import check_data_paths
+    from ssl_engine.trainer.train_steps import get_train_step
+    from ssl_engine.utils.classy import TASK_REGISTRY
+    from ssl_engine.utils.registry import lookup
+
+    get_engine(engine_name)
+    get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
+    lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
+    splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
+    for split in splits:
+        check_data_paths(cfg, split)
+    _check_checkpoint_dir(cfg)
+
+
+def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
+                 checkpoint_path: Optional[str], hook_generator) -> None:
+    if not started_by_torchrun():
+        nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
+        os.environ["LOCAL_RANK"] = str(local_rank)
+        os.environ["RANK"] = str(cfg.DISTRIBUTED.NODE_ID * nproc + local_rank)
+        os.environ["WORLD_SIZE"] = str(cfg.DISTRIBUTED.NUM_NODES * nproc)
+    engine = get_engine(engine_name)
+    kwargs = {"checkpoint_path": checkpoint_path}
+    if hook_generator is not None:
+        kwargs["hook_generator"] = hook_generator
+    try:
+        engine(cfg, run_id, **kwargs)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optional[str] = None,
+                       hook_generator: Optional[Callable] = None) -> None:
+    """Run ``engine_name`` in this process (one process, or under torchrun) or in
+    ``NUM_PROC_PER_NODE`` spawned processes."""
+    run_id = dist_run_id(cfg)
+    nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
+    if started_by_torchrun() or nproc == 1:
+        _run_process(0, engine_name, cfg, run_id, checkpoint_path, hook_generator)
+        return
+    mp.spawn(_run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator),
+             nprocs=nproc, join=True)
+
+
+def main(argv: Sequence[str]) -> int:
+    """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
+    try:
+        engine_name, cfg = load_config(list(argv))
+        check_before_launch(engine_name, cfg)
+    except (ConfigError, FileNotFoundError, NotADirectoryError, UnknownNameError,
+            CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        launch_distributed(cfg, engine_name)
+    except mp.ProcessRaisedException as err:
+        last = str(err).strip().splitlines()[-1]
+        print(f"error: a process failed: {last}", file=sys.stderr)
+        return 1
+    except (CheckpointError, FloatingPointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,24 @@
+"""Hooks called by the trainer at every phase and step event."""
+import os
+from typing import List
+
+from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
+from ssl_engine.hooks.checkpoint_hook import CheckpointHook
+from ssl_engine.hooks.log_hooks import LogLossLrEtaHook
+from ssl_engine.hooks.tensorboard_hook import TensorboardHook
+
+__all__ = ["CheckpointHook", "LogLossLrEtaHook", "SSLClassyHookFunctions", "SSLHook",
+           "TensorboardHook", "default_hook_generator"]
+
+
+def default_hook_generator(cfg) -> List[SSLHook]:
+    """The hooks every run gets: logging, checkpoints (when training), TensorBoard if asked."""
+    hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
+    if not cfg.TEST_ONLY:
+        hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
+                                    cfg.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY))
+    tb = cfg.HOOKS.TENSORBOARD_SETUP
+    if tb.USE_TENSORBOARD:
+        hooks.append(TensorboardHook(os.path.join(cfg.CHECKPOINT.DIR, tb.EXPERIMENT_LOG_DIR),
+                                     cfg.LOG_FREQUENCY, tb.FLUSH_EVERY_N_MIN, tb.LOG_PARAMS))
+    return hooks

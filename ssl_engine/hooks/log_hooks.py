@@ -1,0 +1,131 @@
+"""Progress logging: every LOG_FREQUENCY iterations and at every phase end, to the log and to
+``metrics.json`` (one JSON object per line) in CHECKPOINT.DIR."""
+import datetime
+import json
+import logging
+import resource
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+
+from ssl_engine.hooks.base import SSLHook
+from ssl_engine.utils.distributed import all_reduce_mean, get_world_size, is_primary
+
+logger = logging.getLogger(__name__)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated on ``device``, or the process's peak resident memory."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def meter_values(task) -> Dict[str, Any]:
+    return {meter.name: meter.value for meter in task.meters}
+
+
+def mean_loss(losses) -> float:
+    """The mean of this rank's losses, averaged over ranks."""
+    if not losses:
+        return float("nan")
+    return float(all_reduce_mean(torch.stack(list(losses)).float().mean()))
+
+
+def append_metrics(folder: str, record: Dict[str, Any]) -> None:
+    with open(Path(folder) / "metrics.json", "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+class LogLossLrEtaHook(SSLHook):
+    """Logs phase, iteration, loss, lr, images/s, data time, ETA and peak memory."""
+
+    def __init__(self, log_frequency: int, output_dir: str):
+        super().__init__()
+        self.log_frequency = log_frequency
+        self.output_dir = output_dir
+        self._phase_start = self._window_start = time.perf_counter()
+        self._window_steps = 0
+        self._window_data_time = 0.0
+        self._train_time = 0.0
+        self._train_steps = 0
+
+    def on_start(self, task) -> None:
+        if is_primary():
+            Path(self.output_dir).mkdir(parents=True, exist_ok=True)
+            logger.info("run: %d phases, %d train iterations per epoch, world size %d",
+                        len(task.phases), task.num_train_iters_per_epoch, get_world_size())
+
+    def on_phase_start(self, task) -> None:
+        self._phase_start = self._window_start = time.perf_counter()
+        self._window_steps = 0
+        self._window_data_time = 0.0
+
+    def _eta_seconds(self, task) -> float:
+        if not self._train_steps:
+            return float("nan")
+        remaining = task.max_iteration - task.iteration
+        return remaining * self._train_time / self._train_steps
+
+    def on_step(self, task) -> None:
+        self._window_steps += 1
+        self._window_data_time += task.data_time
+        if task.train:
+            self._train_time += task.step_time
+            self._train_steps += 1
+        count = task.iteration if task.train else task.iteration_num_in_phase
+        last_of_phase = task.iteration_num_in_phase == task.num_iters_in_phase
+        if count % self.log_frequency and not last_of_phase:
+            return
+        loss = mean_loss(task.losses[-self._window_steps:])
+        elapsed = time.perf_counter() - self._window_start
+        batch = task.last_batch["target"].shape[0] * get_world_size()
+        record = {
+            "phase": task.phase_type,
+            "phase_idx": task.phase_idx,
+            "train_phase_idx": task.train_phase_idx,
+            "iteration": task.iteration,
+            "iteration_in_phase": task.iteration_num_in_phase,
+            "loss": loss,
+            "lr": task.optimizer.get_lr() if task.optimizer else None,
+            "images_per_sec": batch * self._window_steps / max(elapsed, 1e-9),
+            "data_time": self._window_data_time / self._window_steps,
+            "eta_seconds": self._eta_seconds(task) if task.train else None,
+            "peak_mem_mb": peak_memory_mb(task.device),
+        }
+        self._window_start, self._window_steps, self._window_data_time = time.perf_counter(), 0, 0.0
+        if not is_primary():
+            return
+        eta = record["eta_seconds"]
+        eta_text = str(datetime.timedelta(seconds=int(eta))) if eta == eta and eta else "-"
+        lr_text = f"{record['lr']:.5g}" if record["lr"] is not None else "-"
+        logger.info(
+            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f | lr %s | %.1f img/s | "
+            "data %.3fs | eta %s | peak mem %.0f MiB",
+            record["phase"], task.phase_idx, task.iteration, task.iteration_num_in_phase,
+            task.num_iters_in_phase, loss, lr_text, record["images_per_sec"],
+            record["data_time"], eta_text, record["peak_mem_mb"],
+        )
+        append_metrics(self.output_dir, record)
+
+    def on_phase_end(self, task) -> None:
+        record = {
+            "phase_end": task.phase_type,
+            "phase_idx": task.phase_idx,
+            "train_phase_idx": task.train_phase_idx,
+            "iteration": task.iteration,
+            "loss_avg": mean_loss(task.losses),
+            "meters": meter_values(task),
+            "phase_time_seconds": time.perf_counter() - self._phase_start,
+        }
+        if is_primary():
+            logger.info("end of %s phase %d: loss %.4f, meters %s, %.1fs", task.phase_type,
+                        task.phase_idx, record["loss_avg"], record["meters"],
+                        record["phase_time_seconds"])
+            append_metrics(self.output_dir, record)
+
+    def on_end(self, task) -> None:
+        if is_primary():
+            logger.info("done: %d iterations, %d phases", task.iteration, len(task.phases))

@@ -1,0 +1,7 @@
+"""The trainer, the task and the train steps."""
+from ssl_engine.trainer.task import SelfSupervisionTask
+from ssl_engine.trainer.train_steps import get_train_step, register_train_step
+from ssl_engine.trainer.trainer import SelfSupervisionTrainer
+
+__all__ = ["SelfSupervisionTask", "SelfSupervisionTrainer", "get_train_step",
+           "register_train_step"]

@@ -1,0 +1,228 @@
+"""SelfSupervisionTask: the classy_vision task holding everything a run trains and tests."""
+import logging
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ssl_engine.hooks.base import SSLClassyHookFunctions
+from ssl_engine.trainer.phases import build_phases
+from ssl_engine.trainer.train_steps import get_train_step
+from ssl_engine.utils import rng
+from ssl_engine.utils.classy import ClassyTask, register_task
+from ssl_engine.utils.distributed import get_rank, get_world_size
+
+logger = logging.getLogger(__name__)
+
+
+def _to_device(obj, device: torch.device, non_blocking: bool):
+    if torch.is_tensor(obj):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device, non_blocking) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device, non_blocking) for v in obj)
+    return obj
+
+
+@register_task("self_supervision_task")
+class SelfSupervisionTask(ClassyTask):
+    """Model, loss, optimizer, meters, data and the position of the run in its phases.
+
+    Position: ``phase_idx`` indexes ``phases``; ``train_phase_idx`` counts train phases
+    started; ``iteration`` counts optimizer updates of the whole run; and
+    ``iteration_num_in_phase`` counts batches done in the current phase.
+    """
+
+    def __init__(self, config, device: torch.device):
+        super().__init__()
+        self.config = config
+        self.device = device
+        self.phases = build_phases(config)
+        self.phase_idx = -1
+        self.train_phase_idx = -1
+        self.iteration = 0
+        self.iteration_num_in_phase = 0
+        self.train = not config.TEST_ONLY
+        self.train_step_fn = get_train_step(config.TRAINER.TRAIN_STEP_NAME)
+        self.base_model = self.model = self.loss = self.optimizer = None
+        self.meters: List[Any] = []
+        self.datasets: Dict[str, Any] = {}
+        self.data_iterator = None
+        self.losses: List[torch.Tensor] = []
+        self.last_batch = self.last_model_output = self.last_loss = None
+        self.data_time = self.step_time = 0.0
+        self.checkpoint_folder = config.CHECKPOINT.DIR
+        self._resume_start_iter = 0
+        self._resume_rng_states = None
+
+    @classmethod
+    def from_config(cls, config, device: Optional[torch.device] = None):
+        return cls(config, device or torch.device("cpu"))
+
+    # ------------------------------------------------------------------ building
+    def prepare(self, checkpoint: Optional[Dict[str, Any]] = None) -> None:
+        """Build data, model, loss, optimizer and meters; restore ``checkpoint`` if given."""
+        from ssl_engine.data import build_dataset
+        from ssl_engine.losses import build_loss
+        from ssl_engine.meters import build_meters
+        from ssl_engine.models import build_model
+        from ssl_engine.optimizers import build_optimizer
+
+        cfg = self.config
+        if not cfg.TEST_ONLY:
+            self.datasets["TRAIN"] = build_dataset(cfg, "TRAIN")
+        if cfg.TEST_MODEL:
+            self.datasets["TEST"] = build_dataset(cfg, "TEST")
+        self.base_model = build_model(cfg.MODEL).to(self.device)
+        self.loss = build_loss(cfg.LOSS).to(self.device)
+        self.optimizer = None if cfg.TEST_ONLY else build_optimizer(cfg.OPTIMIZER, self.base_model)
+        self.meters = build_meters(cfg.METERS)
+        if checkpoint is not None:
+            self.set_classy_state(checkpoint["classy_state_dict"])
+            self._resume_rng_states = checkpoint.get("rng_states")
+        self.model = self._wrap_model(self.base_model)
+        self.num_train_iters_per_epoch = (
+            self._iters_per_epoch("TRAIN") if "TRAIN" in self.datasets else 0
+        )
+        self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
+
+    def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if get_world_size() == 1:
+            return model
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def _iters_per_epoch(self, split: str) -> int:
+        from ssl_engine.data import StatefulDistributedSampler
+
+        split_cfg = self.config.DATA[split]
+        sampler = StatefulDistributedSampler(
+            len(self.datasets[split]), split_cfg.BATCHSIZE_PER_REPLICA,
+            drop_last=split_cfg.DROP_LAST,
+        )
+        batch, per_rank = split_cfg.BATCHSIZE_PER_REPLICA, len(sampler)
+        return per_rank // batch if split_cfg.DROP_LAST else -(-per_rank // batch)
+
+    # ------------------------------------------------------------------ phases
+    @property
+    def where(self) -> float:
+        """Fraction of training done, in [0, 1)."""
+        if not self.max_iteration:
+            return 0.0
+        return min(self.iteration / self.max_iteration, 1.0 - 1e-12)
+
+    @property
+    def phase(self) -> Dict[str, Any]:
+        return self.phases[self.phase_idx]
+
+    @property
+    def phase_type(self) -> str:
+        return "train" if self.train else "test"
+
+    def done_training(self) -> bool:
+        return self.phase_idx >= len(self.phases) - 1
+
+    def advance_phase(self) -> None:
+        """Move to the next phase: meters, model mode, data iterator. Raises StopIteration
+        after the last phase."""
+        from ssl_engine.data import build_dataloader
+
+        if self.done_training():
+            raise StopIteration
+        self.phase_idx += 1
+        phase = self.phase
+        self.train = phase["train"]
+        if self.train:
+            self.train_phase_idx += 1
+        start_iter, self._resume_start_iter = self._resume_start_iter, 0
+        if start_iter == 0:
+            self.losses = []
+            for meter in self.meters:
+                meter.reset()
+        self.iteration_num_in_phase = start_iter
+        split = "TRAIN" if self.train else "TEST"
+        cfg = self.config
+        loader = build_dataloader(
+            self.datasets[split], cfg.DATA[split],
+            num_workers=cfg.DATA.NUM_DATALOADER_WORKERS,
+            pin_memory=cfg.DATA.PIN_MEMORY and self.device.type == "cuda",
+            epoch=phase["epoch"], start_iter=start_iter, seed=cfg.SEED_VALUE,
+        )
+        self.num_iters_in_phase = start_iter + len(loader)
+        self.data_iterator = iter(loader)
+        self.model.train(self.train)
+
+    def restore_rng_states(self) -> None:
+        """Put back the RNG states saved with the checkpoint we resumed from (this rank's)."""
+        if self._resume_rng_states is not None:
+            rng.set_rng_state(rng.select_rank_state(self._resume_rng_states, get_rank()))
+            self._resume_rng_states = None
+
+    # ------------------------------------------------------------------ steps
+    def run_hook(self, event: SSLClassyHookFunctions) -> None:
+        for hook in self.hooks:
+            getattr(hook, event.name)(self)
+
+    def set_hooks(self, hooks) -> "SelfSupervisionTask":
+        self.hooks = list(hooks)
+        return self
+
+    def to_device(self, batch):
+        return _to_device(batch, self.device, non_blocking=self.device.type == "cuda")
+
+    def train_step(self) -> None:
+        self.train_step_fn(self)
+
+    def eval_step(self) -> None:
+        self.train_step_fn(self)
+
+    def on_start(self):
+        self.run_hook(SSLClassyHookFunctions.on_start)
+
+    def on_phase_start(self):
+        self.run_hook(SSLClassyHookFunctions.on_phase_start)
+
+    def on_phase_end(self):
+        self.run_hook(SSLClassyHookFunctions.on_phase_end)
+
+    def on_end(self):
+        self.run_hook(SSLClassyHookFunctions.on_end)
+
+    # ------------------------------------------------------------------ state
+    def get_classy_state(self, deep_copy: bool = False, phase_complete: bool = True):
+        state = {
+            "phase_idx": self.phase_idx,
+            "train_phase_idx": self.train_phase_idx,
+            "iteration": self.iteration,
+            "iteration_num_in_phase": 0 if phase_complete else self.iteration_num_in_phase,
+            "phase_complete": phase_complete,
+            "base_model": self.base_model.get_classy_state(),
+            "optimizer": self.optimizer.get_classy_state() if self.optimizer else None,
+            "loss": self.loss.get_classy_state() if hasattr(self.loss, "get_classy_state") else {},
+            "meters": [meter.get_classy_state() for meter in self.meters],
+            "losses": [float(v) for v in self.losses],
+        }
+        if deep_copy:
+            import copy
+
+            state = copy.deepcopy(state)
+        return state
+
+    def set_classy_state(self, state) -> None:
+        self.base_model.set_classy_state(state["base_model"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.set_classy_state(state["optimizer"])
+        if state.get("loss") and hasattr(self.loss, "set_classy_state"):
+            self.loss.set_classy_state(state["loss"])
+        self.iteration = state["iteration"]
+        if state["phase_complete"]:
+            self.phase_idx, self.train_phase_idx = state["phase_idx"], state["train_phase_idx"]
+        else:  # re-enter the same phase, skipping the batches already done
+            for meter, meter_state in zip(self.meters, state["meters"]):
+                meter.set_classy_state(meter_state)
+            self.losses = [torch.tensor(v) for v in state["losses"]]
+            self.phase_idx = state["phase_idx"] - 1
+            phase_is_train = self.phases[state["phase_idx"]]["train"]
+            self.train_phase_idx = state["train_phase_idx"] - (1 if phase_is_train else 0)
+            self._resume_start_iter = state["iteration_num_in_phase"]

@@ -1,0 +1,56 @@
+"""The default step: forward, loss and meters, backward, optimizer and scheduler update."""
+import math
+import time
+
+import torch
+
+from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
+from ssl_engine.trainer.train_steps import register_train_step
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite; training stops with what was saved intact."""
+
+
+def check_loss_is_finite(task, loss: torch.Tensor) -> None:
+    value = loss.item()
+    if not math.isfinite(value):
+        raise NonFiniteLossError(
+            f"loss is {value} at iteration {task.iteration} "
+            f"(phase {task.phase_idx}, iteration {task.iteration_num_in_phase} of the phase); "
+            "lower the learning rate or check the data. Checkpoints already written are intact."
+        )
+
+
+@register_train_step("standard_train_step")
+def standard_train_step(task):
+    """One iteration over one batch; raises StopIteration when the phase's data is exhausted."""
+    start = time.perf_counter()
+    batch = next(task.data_iterator)
+    batch = task.to_device(batch)
+    task.data_time = time.perf_counter() - start
+    task.last_batch = batch
+
+    with torch.set_grad_enabled(task.train):
+        task.last_model_output = task.model(batch["input"])
+        task.run_hook(Event.on_forward)
+        loss = task.loss(task.last_model_output, batch["target"])
+
+    check_loss_is_finite(task, loss)
+    task.last_loss = loss.detach()
+    task.losses.append(task.last_loss)
+    with torch.no_grad():
+        for meter in task.meters:
+            meter.update(task.last_model_output, batch["target"])
+    task.run_hook(Event.on_loss_and_meter)
+
+    if task.train:
+        task.optimizer.zero_grad()
+        loss.backward()
+        task.run_hook(Event.on_backward)
+        task.optimizer.step(where=task.where)
+        task.run_hook(Event.on_update)
+        task.iteration += 1
+    task.iteration_num_in_phase += 1
+    task.step_time = time.perf_counter() - start
+    return task

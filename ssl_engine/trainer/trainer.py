@@ -1,0 +1,109 @@
+"""SelfSupervisionTrainer: sets up torch.distributed, builds the task, runs its phases."""
+import logging
+import os
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
+from ssl_engine.utils import rng
+from ssl_engine.utils.checkpoint import load_checkpoint, load_latest_checkpoint
+from ssl_engine.utils.classy import TASK_REGISTRY
+from ssl_engine.utils.distributed import get_rank
+from ssl_engine.utils.registry import lookup
+
+logger = logging.getLogger(__name__)
+
+
+def machine_ranks():
+    """(local_rank, global_rank, world_size) from the environment the launcher set."""
+    return (
+        int(os.environ.get("LOCAL_RANK", 0)),
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+    )
+
+
+class SelfSupervisionTrainer:
+    """Trains (``train()``) the task named by ``TRAINER.TASK_NAME``.
+
+    Args:
+        cfg: the checked config (the AttrDict under ``config``).
+        dist_run_id: the init method of torch.distributed ("tcp://host:port", "file://path"
+            or "env://").
+        checkpoint_path: a checkpoint to start from; None looks in ``CHECKPOINT.DIR`` when
+            ``CHECKPOINT.AUTO_RESUME`` is on.
+        checkpoint_folder: where checkpoints go (default ``CHECKPOINT.DIR``).
+        hooks: the hooks to call at every event.
+    """
+
+    def __init__(self, cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
+                 checkpoint_folder: Optional[str] = None, hooks: Optional[List] = None):
+        self.cfg = cfg
+        self.dist_run_id = dist_run_id
+        self.local_rank, self.rank, self.world_size = machine_ranks()
+        self.device = self._select_device()
+        self.setup_distributed()
+        rng.set_seeds(cfg.SEED_VALUE + self.rank)
+        if checkpoint_folder:
+            cfg.CHECKPOINT.DIR = checkpoint_folder
+        task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
+        self.task = task_class.from_config(cfg, self.device)
+        self.task.set_hooks(hooks or [])
+        self.checkpoint = self._find_checkpoint(checkpoint_path)
+
+    def _select_device(self) -> torch.device:
+        if self.cfg.MACHINE.DEVICE == "gpu":
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def setup_distributed(self) -> None:
+        if dist.is_initialized():
+            return
+        backend = self.cfg.DISTRIBUTED.BACKEND
+        logger.info("init process group: backend=%s rank=%d world=%d init=%s",
+                    backend, self.rank, self.world_size, self.dist_run_id)
+        dist.init_process_group(backend=backend, init_method=self.dist_run_id,
+                                rank=self.rank, world_size=self.world_size)
+
+    def _find_checkpoint(self, checkpoint_path: Optional[str]):
+        if checkpoint_path:
+            return load_checkpoint(checkpoint_path)
+        if self.cfg.CHECKPOINT.AUTO_RESUME:
+            return load_latest_checkpoint(self.cfg.CHECKPOINT.DIR)
+        return None
+
+    def train(self) -> None:
+        task = self.task
+        task.prepare(checkpoint=self.checkpoint)
+        if self.checkpoint is not None:
+            logger.info("resuming from phase %d, iteration %d", task.phase_idx, task.iteration)
+        task.restore_rng_states()
+        try:
+            task.on_start()
+            while True:
+                try:
+                    task.advance_phase()
+                except StopIteration:
+                    break
+                task.on_phase_start()
+                self._run_phase(task)
+                for meter in task.meters:
+                    meter.sync_state()
+                task.on_phase_end()
+            task.on_end()
+        except BaseException:
+            logger.exception("training failed on rank %d", get_rank())
+            task.run_hook(Event.on_exception)
+            raise
+
+    @staticmethod
+    def _run_phase(task) -> None:
+        while True:
+            try:
+                task.train_step() if task.train else task.eval_step()
+            except StopIteration:
+                return
+            task.run_hook(Event.on_step)

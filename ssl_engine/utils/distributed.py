@@ -1,0 +1,83 @@
+"""Small helpers over torch.distributed that also work when no process group exists."""
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_primary() -> bool:
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum of ``tensor`` over ranks (a new tensor; the input is left untouched)."""
+    out = tensor.detach().clone()
+    if is_distributed():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    return all_reduce_sum(tensor) / get_world_size()
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward sends every rank the summed gradient of its own slice.
+
+    Rank ``r`` receives d(sum_k L_k)/d(x_r): the losses of all ranks depend on its rows.
+    Data-parallel training then averages parameter gradients over ranks, which yields the
+    gradient of the mean loss, the same as one process on the global batch.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor):
+        gathered = [torch.empty_like(tensor) for _ in range(get_world_size())]
+        dist.all_gather(gathered, tensor.contiguous())
+        return tuple(gathered)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        stacked = torch.stack(grads).contiguous()
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+        return stacked[get_rank()]
+
+
+def gather_from_all(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``tensor`` from every rank along dim 0, in rank order, keeping gradients.
+
+    All ranks must pass tensors of the same shape.
+    """
+    if get_world_size() == 1:
+        return tensor
+    if tensor.requires_grad:
+        parts: List[torch.Tensor] = list(_GatherWithGrad.apply(tensor))
+    else:
+        parts = [torch.empty_like(tensor) for _ in range(get_world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts, dim=0)
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` from rank ``src`` on every rank."""
+    if not is_distributed():
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
