@@ -1,0 +1,124 @@
+"""Config composition, validation messages and derived settings."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssl_engine.config import ConfigError, compose_config, load_config
+from ssl_engine.config.derive import derive_settings
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = "config=test/quick_simclr_synthetic"
+
+
+def test_compose_picks_file_then_overrides():
+    engine, cfg = compose_config([QUICK, "config.OPTIMIZER.num_epochs=3"])
+    assert engine == "train"
+    assert cfg.OPTIMIZER.num_epochs == 3  # command line beats the file
+    assert cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA == 8  # the file beats the defaults
+    assert cfg.OPTIMIZER.nesterov is False  # untouched defaults stay
+    assert cfg.DATA.TRAIN.TRANSFORMS[0].name == "ImgReplicatePil"  # attribute access in lists
+
+
+def test_engine_name_override():
+    engine, _ = compose_config([QUICK, "engine_name=extract_features"])
+    assert engine == "extract_features"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("config.OPTIMIZER.num_epoch=3",
+         "unknown config key 'config.OPTIMIZER.num_epoch': "
+         "did you mean 'config.OPTIMIZER.num_epochs'?"),
+        ("config.DATA.TRAIN.BATCHSIZE_PER_REPLIKA=4",
+         "did you mean 'config.DATA.TRAIN.BATCHSIZE_PER_REPLICA'?"),
+        ("config.LOSS.simclr_info_nce_loss.temprature=2",
+         "did you mean 'config.LOSS.simclr_info_nce_loss.temperature'?"),
+    ],
+)
+def test_typo_names_closest_key(override, expected):
+    with pytest.raises(ConfigError) as err:
+        compose_config([QUICK, override])
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("config.OPTIMIZER.num_epochs=abc",
+         "config key 'config.OPTIMIZER.num_epochs' expects an int like 90, got 'abc'"),
+        ("config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=1.5",
+         "config key 'config.DATA.TRAIN.BATCHSIZE_PER_REPLICA' expects an int"),
+        ("config.TEST_MODEL=3", "config key 'config.TEST_MODEL' expects a bool"),
+        ("config.DATA.TRAIN.DATA_PATHS=/x", "config key 'config.DATA.TRAIN.DATA_PATHS' expects a list"),
+    ],
+)
+def test_wrong_type_is_refused(override, expected):
+    with pytest.raises(ConfigError) as err:
+        compose_config([QUICK, override])
+    assert expected in str(err.value)
+
+
+def test_int_accepted_for_float_key():
+    _, cfg = compose_config([QUICK, "config.OPTIMIZER.weight_decay=0"])
+    assert cfg.OPTIMIZER.weight_decay == 0
+
+
+def test_unknown_key_in_config_file(tmp_path, monkeypatch):
+    configs = tmp_path / "configs" / "config"
+    (configs / "mine").mkdir(parents=True)
+    (configs / "defaults.yaml").write_text((REPO / "configs/config/defaults.yaml").read_text())
+    (configs / "mine" / "bad.yaml").write_text(
+        "# @package _global_\nconfig:\n  OPTIMIZER:\n    nesterv: true\n")
+    monkeypatch.setenv("SSL_ENGINE_CONFIG_DIR", str(tmp_path / "configs"))
+    with pytest.raises(ConfigError, match="'config.OPTIMIZER.nesterv': did you mean "
+                                          "'config.OPTIMIZER.nesterov'"):
+        compose_config(["config=mine/bad"])
+
+
+def test_missing_config_file_is_named():
+    with pytest.raises(ConfigError, match="config/nope/missing"):
+        compose_config(["config=nope/missing"])
+
+
+def test_open_sections_accept_new_keys():
+    _, cfg = compose_config([QUICK, "+config.DATA.TRAIN.COLLATE_FUNCTION_PARAMS.foo=2",
+                             "+config.LOSS.my_loss.alpha=0.5"])
+    assert cfg.DATA.TRAIN.COLLATE_FUNCTION_PARAMS.foo == 2
+    assert cfg.LOSS.my_loss.alpha == 0.5
+
+
+def test_bad_choice_and_device():
+    _, cfg = compose_config([QUICK, "config.MACHINE.DEVICE=tpu"])
+    with pytest.raises(ConfigError, match="config.MACHINE.DEVICE='tpu' is not one of cpu, gpu"):
+        derive_settings(cfg)
+    _, cfg = compose_config([QUICK, "config.DISTRIBUTED.BACKEND=nccl"])
+    with pytest.raises(ConfigError, match="nccl needs config.MACHINE.DEVICE=gpu"):
+        derive_settings(cfg)
+
+
+def test_derived_backend_and_absolute_dir():
+    _, cfg = load_config([QUICK, "config.CHECKPOINT.DIR=relative/dir"])
+    assert cfg.DISTRIBUTED.BACKEND == "gloo"
+    assert Path(cfg.CHECKPOINT.DIR).is_absolute()
+
+
+def test_every_default_key_has_a_comment():
+    lines = (REPO / "configs/config/defaults.yaml").read_text().splitlines()
+    keyed = [ln for ln in lines if ":" in ln and not ln.lstrip().startswith(("#", "-"))
+             and ln.strip() not in ("config:", "defaults:")]
+    missing = [ln for ln in keyed if "#" not in ln and not ln.rstrip().endswith(":")]
+    assert not missing, f"keys without a comment: {missing}"
+
+
+def test_command_line_error_exits_nonzero_with_one_message(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools/run_distributed_engines.py"), QUICK,
+         "config.OPTIMIZER.num_epoch=3", f"config.CHECKPOINT.DIR={tmp_path}"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "did you mean 'config.OPTIMIZER.num_epochs'?" in proc.stderr
+    assert "Traceback" not in proc.stderr
