@@ -1,0 +1,11 @@
+"""Collators: a list of samples -> {"input", "target", "data_idx", "data_valid"}."""
+import functools
+
+from ssl_engine.data.collators import default, multicrop, simclr  # noqa: F401  (registers them)
+from ssl_engine.data.registry import COLLATOR_REGISTRY
+
+
+def build_collator(name: str, params=None):
+    """The collator registered as ``name`` with keyword ``params`` bound (picklable for workers)."""
+    collator = COLLATOR_REGISTRY.get(name)
+    return functools.partial(collator, **dict(params)) if params else collator

@@ -1,0 +1,59 @@
+"""Checks of a split's data settings that run before any process starts."""
+import os
+
+from ssl_engine.data.datasources.disk_filelist import label_path
+from ssl_engine.data.registry import DATASOURCE_REGISTRY
+from ssl_engine.utils.registry import UnknownNameError
+
+SPLITS = ("TRAIN", "TEST")
+
+
+def source_classes(cfg, split: str):
+    """The registered class of each of ``cfg.DATA.<split>.DATA_SOURCES`` (ValueError if unknown)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got '{split}'")
+    sources = cfg.DATA[split].DATA_SOURCES
+    if len(sources) == 0:
+        raise ValueError(f"config.DATA.{split}.DATA_SOURCES is empty: name a data source")
+    if len(sources) > 1:
+        raise NotImplementedError(
+            f"config.DATA.{split}.DATA_SOURCES has {len(sources)} entries; one source per split "
+            "is supported"
+        )
+    classes = []
+    for index, name in enumerate(sources):
+        try:
+            classes.append(DATASOURCE_REGISTRY.get(name))
+        except UnknownNameError as err:
+            raise ValueError(f"config.DATA.{split}.DATA_SOURCES[{index}]: {err}") from None
+    return classes
+
+
+def source_paths(cfg, split: str, classes) -> list:
+    """DATA_PATHS, or "" per source when DATA_PATHS is empty and no source reads a path."""
+    paths = list(cfg.DATA[split].DATA_PATHS)
+    if not paths and not any(cls.needs_path for cls in classes):
+        return [""] * len(classes)
+    if len(paths) != len(classes):
+        raise ValueError(
+            f"config.DATA.{split}.DATA_PATHS has {len(paths)} entries but "
+            f"config.DATA.{split}.DATA_SOURCES has {len(classes)}: give one path per source"
+        )
+    return paths
+
+
+def _require_exists(path: str, key: str) -> None:
+    if not path or not os.path.exists(path):
+        raise FileNotFoundError(f"{key}: {path or '(empty)'} does not exist")
+
+
+def check_data_paths(cfg, split: str) -> None:
+    """Refuse unknown source names, mismatched list lengths and missing files of ``split``."""
+    classes = source_classes(cfg, split)
+    paths = source_paths(cfg, split, classes)
+    for index, (cls, path) in enumerate(zip(classes, paths)):
+        if cls.needs_path:
+            _require_exists(path, f"config.DATA.{split}.DATA_PATHS[{index}]")
+        labels = label_path(cfg, split, index)
+        if labels:
+            _require_exists(labels, f"config.DATA.{split}.LABEL_PATHS[{index}]")

@@ -1,0 +1,13 @@
+"""Transforms: any torchvision.transforms class by name plus the registered SSL ones below."""
+from ssl_engine.data.transforms import (  # noqa: F401  (importing registers them)
+    color_distortion,
+    gaussian_blur,
+    img_replicate,
+    multicrop,
+    solarize,
+)
+from ssl_engine.data.transforms.chain import (  # noqa: F401
+    TransformChain,
+    build_transforms,
+    known_transforms,
+)

@@ -1,0 +1,65 @@
+"""Build the transform pipeline of a split from its TRANSFORMS list."""
+import inspect
+from typing import Any, Dict, List
+
+import torchvision.transforms as tv_transforms
+from torchvision.transforms import InterpolationMode
+
+from ssl_engine.data.registry import TRANSFORM_REGISTRY
+from ssl_engine.utils.registry import lookup
+
+
+def known_transforms() -> Dict[str, type]:
+    """Every torchvision.transforms class by class name, then the registered SSL transforms."""
+    known = {name: obj for name, obj in vars(tv_transforms).items() if inspect.isclass(obj)}
+    known.update({name: TRANSFORM_REGISTRY.get(name) for name in TRANSFORM_REGISTRY.names()})
+    return known
+
+
+def _params(spec: Dict[str, Any]) -> Dict[str, Any]:
+    params = {key: value for key, value in spec.items() if key != "name"}
+    if isinstance(params.get("interpolation"), str):
+        params["interpolation"] = InterpolationMode(params["interpolation"].lower())
+    return params
+
+
+class TransformChain:
+    """Applies transforms in order. A transform with ``makes_views = True`` turns one image into
+    a list of views; every later transform is applied to each view independently."""
+
+    def __init__(self, transforms: List[Any]):
+        self.transforms = transforms
+
+    def __call__(self, sample):
+        for transform in self.transforms:
+            if isinstance(sample, list):
+                sample = [transform(view) for view in sample]
+            else:
+                sample = transform(sample)
+        return sample
+
+    def __repr__(self) -> str:
+        inner = "".join(f"\n  {t!r}" for t in self.transforms)
+        return f"TransformChain({inner}\n)"
+
+
+def build_transforms(specs: List[Dict[str, Any]], key: str = "TRANSFORMS") -> TransformChain:
+    """``specs``: a list of ``{name: <transform>, <params>}``; ``key`` names the list in errors."""
+    known = known_transforms()
+    transforms, views_made_by = [], None
+    for index, spec in enumerate(specs):
+        where = f"{key}[{index}]"
+        if "name" not in spec:
+            raise ValueError(f"{where}: every transform needs a 'name', got {dict(spec)}")
+        cls = lookup(known, spec["name"], f"transform ({where})")
+        if getattr(cls, "makes_views", False):
+            if views_made_by:
+                raise ValueError(
+                    f"{where}: {spec['name']} after {views_made_by}, which already made views"
+                )
+            views_made_by = spec["name"]
+        try:
+            transforms.append(cls(**_params(spec)))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where} ({spec['name']}): {err}") from err
+    return TransformChain(transforms)

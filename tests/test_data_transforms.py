@@ -1,0 +1,127 @@
+"""Transform pipelines built from TRANSFORMS lists."""
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from PIL import Image, ImageFilter
+
+from ssl_engine.data import build_transforms
+from ssl_engine.utils.registry import UnknownNameError
+
+
+@pytest.fixture
+def image():
+    pixels = np.random.default_rng(0).integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def run_seeded(transform, image, seed=3):
+    torch.manual_seed(seed)
+    return transform(image)
+
+
+def test_torchvision_transforms_by_class_name_match_torchvision(image):
+    specs = [
+        {"name": "RandomResizedCrop", "size": 8, "scale": [0.2, 1.0], "interpolation": "bicubic"},
+        {"name": "RandomHorizontalFlip"},
+        {"name": "ToTensor"},
+        {"name": "Normalize", "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]},
+    ]
+    reference = T.Compose(
+        [
+            T.RandomResizedCrop(8, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize([0.5, 0.4, 0.3], [0.2, 0.2, 0.2]),
+        ]
+    )
+    got = run_seeded(build_transforms(specs), image)
+    assert got.shape == (3, 8, 8)
+    assert torch.equal(got, run_seeded(reference, image))
+
+
+def test_unknown_transform_suggests_closest():
+    message = r"TRANSFORMS\[1\].*'RandomResizedCrp': did you mean 'RandomResizedCrop'"
+    with pytest.raises(UnknownNameError, match=message):
+        build_transforms([{"name": "ToTensor"}, {"name": "RandomResizedCrp", "size": 4}])
+
+
+def test_bad_parameters_name_the_entry():
+    message = r"TRANSFORMS\[0\] \(ImgReplicatePil\).*unexpected keyword"
+    with pytest.raises(ValueError, match=message):
+        build_transforms([{"name": "ImgReplicatePil", "num_copies": 2}])
+    with pytest.raises(ValueError, match="every transform needs a 'name'"):
+        build_transforms([{"size": 4}])
+
+
+def test_replicate_then_each_view_is_augmented_independently(image):
+    chain = build_transforms(
+        [
+            {"name": "ImgReplicatePil", "num_times": 3},
+            {"name": "RandomResizedCrop", "size": 6},
+            {"name": "ToTensor"},
+        ]
+    )
+    views = run_seeded(chain, image)
+    assert len(views) == 3 and all(v.shape == (3, 6, 6) for v in views)
+    assert not torch.equal(views[0], views[1]) and not torch.equal(views[1], views[2])
+    crop, to_tensor = T.RandomResizedCrop(6), T.ToTensor()
+    torch.manual_seed(3)
+    expected = [to_tensor(crop(image)) for _ in range(3)]
+    assert all(torch.equal(v, e) for v, e in zip(views, expected))
+
+
+def test_views_cannot_be_made_twice():
+    with pytest.raises(ValueError, match=r"TRANSFORMS\[1\]: ImgReplicatePil after ImgReplicatePil"):
+        build_transforms([{"name": "ImgReplicatePil"}, {"name": "ImgReplicatePil"}])
+
+
+def test_color_distortion_is_simclr_jitter_and_grayscale(image):
+    s = 0.5
+    reference = T.Compose(
+        [
+            T.RandomApply([T.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)], p=0.8),
+            T.RandomGrayscale(p=0.2),
+        ]
+    )
+    chain = build_transforms([{"name": "ImgPilColorDistortion", "strength": s}])
+    for seed in range(6):
+        got, expected = run_seeded(chain, image, seed), run_seeded(reference, image, seed)
+        assert np.array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_gaussian_blur_probability_and_radius(image):
+    never = build_transforms([{"name": "ImgPilGaussianBlur", "p": 0.0}])
+    assert np.array_equal(np.asarray(run_seeded(never, image)), np.asarray(image))
+    always = build_transforms(
+        [{"name": "ImgPilGaussianBlur", "p": 1.0, "radius_min": 1.5, "radius_max": 1.5}]
+    )
+    expected = image.filter(ImageFilter.GaussianBlur(radius=1.5))
+    assert np.array_equal(np.asarray(run_seeded(always, image)), np.asarray(expected))
+
+
+def test_solarize_inverts_bright_pixels(image):
+    chain = build_transforms([{"name": "ImgPilRandomSolarize", "prob": 1.0}])
+    pixels = np.asarray(image)
+    expected = np.where(pixels >= 128, 255 - pixels, pixels)
+    assert np.array_equal(np.asarray(run_seeded(chain, image)), expected)
+    never = build_transforms([{"name": "ImgPilRandomSolarize", "prob": 0.0}])
+    assert np.array_equal(np.asarray(run_seeded(never, image)), pixels)
+
+
+def multicrop_spec(total_num_crops):
+    return {
+        "name": "ImgPilToMultiCrop",
+        "total_num_crops": total_num_crops,
+        "num_crops": [2, 3],
+        "size_crops": [8, 4],
+        "crop_scales": [[0.5, 1.0], [0.1, 0.5]],
+    }
+
+
+def test_multicrop_sizes_and_counts(image):
+    chain = build_transforms([multicrop_spec(5), {"name": "ToTensor"}])
+    views = run_seeded(chain, image)
+    assert [tuple(v.shape[1:]) for v in views] == [(8, 8)] * 2 + [(4, 4)] * 3
+    with pytest.raises(ValueError, match="total_num_crops=4 but num_crops sum to 5"):
+        build_transforms([multicrop_spec(4)])
