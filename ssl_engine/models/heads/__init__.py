@@ -1,0 +1,2 @@
+"""Heads: modules applied to the trunk output, each registered with ``register_model_head``."""
+from ssl_engine.models.heads.mlp import MLP  # noqa: F401  (registers "mlp")

@@ -1,0 +1,57 @@
+"""What every trunk offers the model: named stages, a default output and their widths."""
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+
+class StagedTrunk(nn.Module):
+    """A trunk whose forward returns the outputs of named stages.
+
+    Subclasses set ``stage_dims`` (stage name -> channels, in forward order) and
+    ``default_out_feat_key``, and implement ``stages()``: (name, callable) pairs in order.
+    """
+
+    stage_dims: Dict[str, int]
+    default_out_feat_key: str
+
+    @property
+    def stage_names(self) -> List[str]:
+        return list(self.stage_dims)
+
+    @property
+    def output_dim(self) -> int:
+        """Channels of the default output."""
+        return self.stage_dims[self.default_out_feat_key]
+
+    def stages(self):
+        raise NotImplementedError
+
+    def check_out_feat_keys(self, out_feat_keys: Optional[Sequence[str]]) -> List[str]:
+        """The requested stage names (default: the default output); unknown names fail."""
+        keys = [self.default_out_feat_key] if not out_feat_keys else list(out_feat_keys)
+        unknown = [key for key in keys if key not in self.stage_dims]
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__} has no stage(s) {unknown}; "
+                f"its stages are: {', '.join(self.stage_names)}"
+            )
+        return keys
+
+    def forward(
+        self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None
+    ) -> List[torch.Tensor]:
+        """The outputs of the stages in ``out_feat_keys``, in that order.
+
+        Stages after the last requested one are not run.
+        """
+        keys = self.check_out_feat_keys(out_feat_keys)
+        wanted = set(keys)
+        found: Dict[str, torch.Tensor] = {}
+        for name, stage in self.stages():
+            x = stage(x)
+            if name in wanted:
+                found[name] = x
+                if len(found) == len(wanted):
+                    break
+        return [found[key] for key in keys]

@@ -1,0 +1,138 @@
+"""ResNet-18/34/50/101 trunk built from torchvision's residual blocks.
+
+Submodule names match torchvision's ResNet (conv1, bn1, layer1..layer4), so at width 1.0 a
+torchvision state dict without ``fc.*`` loads as is.  Every stage's channels scale with
+MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER.
+"""
+from typing import Callable, List
+
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck, conv1x1
+
+from ssl_engine.models.registry import register_model_trunk
+from ssl_engine.models.trunks.base import StagedTrunk
+
+# depth -> (block, number of blocks per stage)
+RESNET_DEPTHS = {
+    18: (BasicBlock, (2, 2, 2, 2)),
+    34: (BasicBlock, (3, 4, 6, 3)),
+    50: (Bottleneck, (3, 4, 6, 3)),
+    101: (Bottleneck, (3, 4, 23, 3)),
+}
+STEM_CHANNELS = 64
+STAGE_PLANES = (64, 128, 256, 512)
+
+
+def scaled(channels: int, width_multiplier: float) -> int:
+    return max(1, int(round(channels * width_multiplier)))
+
+
+def make_norm_layer(norm: str, groups: int) -> Callable[[int], nn.Module]:
+    """A constructor ``channels -> norm module`` for MODEL.TRUNK.RESNETS.NORM."""
+    if norm == "BatchNorm":
+        return nn.BatchNorm2d
+    if norm == "GroupNorm":
+
+        def group_norm(channels: int) -> nn.Module:
+            if channels % groups:
+                raise ValueError(
+                    f"MODEL.TRUNK.RESNETS.GROUPNORM_GROUPS={groups} does not divide a layer of "
+                    f"{channels} channels; pick a divisor or change WIDTH_MULTIPLIER"
+                )
+            return nn.GroupNorm(groups, channels)
+
+        return group_norm
+    raise ValueError(f"MODEL.TRUNK.RESNETS.NORM must be BatchNorm or GroupNorm, got '{norm}'")
+
+
+@register_model_trunk("resnet")
+class ResNetTrunk(StagedTrunk):
+    """Stages: conv1 (stem with max-pool), res2..res5 (layer1..4), res5avg (pooled, [N, C])."""
+
+    default_out_feat_key = "res5avg"
+
+    def __init__(self, model_cfg):
+        super().__init__()
+        cfg = model_cfg.TRUNK.RESNETS
+        depth = int(cfg.DEPTH)
+        if depth not in RESNET_DEPTHS:
+            raise ValueError(
+                f"MODEL.TRUNK.RESNETS.DEPTH must be one of {sorted(RESNET_DEPTHS)}, got {depth}"
+            )
+        block, num_blocks = RESNET_DEPTHS[depth]
+        width = float(cfg.WIDTH_MULTIPLIER)
+        if width <= 0:
+            raise ValueError(f"MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER must be > 0, got {width}")
+        norm_layer = make_norm_layer(cfg.NORM, int(cfg.GROUPNORM_GROUPS))
+
+        stem = scaled(STEM_CHANNELS, width)
+        if cfg.SMALL_IMAGE_STEM:
+            self.conv1 = nn.Conv2d(3, stem, kernel_size=3, stride=1, padding=1, bias=False)
+            self.maxpool = nn.Identity()
+        else:
+            self.conv1 = nn.Conv2d(3, stem, kernel_size=7, stride=2, padding=3, bias=False)
+            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.bn1 = norm_layer(stem)
+        self.relu = nn.ReLU(inplace=True)
+
+        self.stage_dims = {"conv1": stem}
+        in_channels = stem
+        for index, (planes, blocks) in enumerate(zip(STAGE_PLANES, num_blocks)):
+            planes = scaled(planes, width)
+            stride = 1 if index == 0 else 2
+            layer = make_stage(block, in_channels, planes, blocks, stride, norm_layer)
+            self.add_module(f"layer{index + 1}", layer)
+            in_channels = planes * block.expansion
+            self.stage_dims[f"res{index + 2}"] = in_channels
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.stage_dims["res5avg"] = in_channels
+
+        self._init_weights(bool(cfg.ZERO_INIT_RESIDUAL))
+
+    def _init_weights(self, zero_init_residual: bool) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, (nn.BatchNorm2d, nn.GroupNorm)):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        if zero_init_residual:
+            for module in self.modules():
+                if isinstance(module, Bottleneck):
+                    nn.init.zeros_(module.bn3.weight)
+                elif isinstance(module, BasicBlock):
+                    nn.init.zeros_(module.bn2.weight)
+
+    def _stem(self, x: torch.Tensor) -> torch.Tensor:
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.avgpool(x), 1)
+
+    def stages(self):
+        return [
+            ("conv1", self._stem),
+            ("res2", self.layer1),
+            ("res3", self.layer2),
+            ("res4", self.layer3),
+            ("res5", self.layer4),
+            ("res5avg", self._pool),
+        ]
+
+
+def make_stage(
+    block, in_channels: int, planes: int, blocks: int, stride: int, norm_layer
+) -> nn.Sequential:
+    """``blocks`` residual blocks; the first changes stride/channels through a 1x1 projection."""
+    out_channels = planes * block.expansion
+    downsample = None
+    if stride != 1 or in_channels != out_channels:
+        downsample = nn.Sequential(
+            conv1x1(in_channels, out_channels, stride), norm_layer(out_channels)
+        )
+    layers: List[nn.Module] = [
+        block(in_channels, planes, stride, downsample, norm_layer=norm_layer)
+    ]
+    layers += [block(out_channels, planes, norm_layer=norm_layer) for _ in range(1, blocks)]
+    return nn.Sequential(*layers)

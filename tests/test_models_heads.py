@@ -1,0 +1,74 @@
+"""The mlp head against a hand-built nn.Sequential with the same weights."""
+import pytest
+import torch
+from torch import nn
+
+from ssl_engine.models import MODEL_HEADS
+from ssl_engine.models.heads.mlp import MLP
+
+
+def copy_weights(source: nn.Module, target: nn.Sequential) -> None:
+    """Copy parameters and buffers in order (the layouts are the same by construction)."""
+    src = list(source.state_dict().values())
+    dst = list(target.state_dict().keys())
+    assert len(src) == len(dst)
+    target.load_state_dict(dict(zip(dst, src)))
+
+
+def randomize_bn(module: nn.Module) -> None:
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_mlp_with_bn_and_relu_matches_sequential(train):
+    torch.manual_seed(0)
+    head = MLP(dims=[12, 16, 8, 4], use_bn=True, use_relu=True)
+    reference = nn.Sequential(
+        nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(),
+        nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU(),
+        nn.Linear(8, 4),
+    )
+    randomize_bn(head)
+    copy_weights(head, reference)
+    head.train(train)
+    reference.train(train)
+    x = torch.randn(6, 3, 2, 2)  # flattened to 12 features
+    torch.testing.assert_close(head(x), reference(x.flatten(1)))
+
+
+def test_mlp_last_layer_relu_bn_when_not_skipped():
+    torch.manual_seed(0)
+    head = MLP(dims=[5, 3], use_bn=True, use_relu=True, skip_last_layer_relu_bn=False).eval()
+    reference = nn.Sequential(nn.Linear(5, 3), nn.BatchNorm1d(3), nn.ReLU()).eval()
+    randomize_bn(head)
+    copy_weights(head, reference)
+    x = torch.randn(7, 5)
+    out = head(x)
+    torch.testing.assert_close(out, reference(x))
+    assert torch.all(out >= 0)
+
+
+def test_mlp_defaults_are_plain_linear_layers():
+    torch.manual_seed(0)
+    head = MLP(dims=[4, 6, 2])
+    assert [type(m) for m in head.clf] == [nn.Linear, nn.Linear]
+    x = torch.randn(3, 4)
+    first, second = head.clf
+    expected = (x @ first.weight.T + first.bias) @ second.weight.T + second.bias
+    torch.testing.assert_close(head(x), expected)
+
+
+def test_mlp_is_registered():
+    assert MODEL_HEADS.get("mlp") is MLP
+
+
+def test_mlp_errors():
+    with pytest.raises(ValueError, match="at least 2 sizes"):
+        MLP(dims=[4])
+    with pytest.raises(ValueError, match="expects 4 input features"):
+        MLP(dims=[4, 2])(torch.randn(2, 5))
