@@ -19,6 +19,15 @@ class AttrDict(dict):
     def __setitem__(self, key, value):
         super().__setitem__(key, self._wrap(value))
 
+    def update(self, *args, **kwargs):
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
     def __getattr__(self, key):
         try:
             return self[key]

@@ -1,0 +1,62 @@
+"""Cross entropy of every model output against one shared target, summed over outputs."""
+import warnings
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ssl_engine.losses.outputs import as_output_list
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from classy_vision.losses import ClassyLoss, register_loss
+
+
+@register_loss("cross_entropy_multiple_output_single_target")
+class CrossEntropyMultipleOutputSingleTargetLoss(ClassyLoss):
+    """``sum_i CE(output_i / temperature, target)``; used e.g. for linear heads on several layers.
+
+    ``normalize_output`` l2-normalises each row of logits before the temperature is applied;
+    targets equal to ``ignore_index`` contribute nothing; ``weight`` weighs the classes.
+    """
+
+    def __init__(
+        self,
+        weight: Optional[Sequence[float]] = None,
+        ignore_index: int = -1,
+        temperature: float = 1.0,
+        normalize_output: bool = False,
+    ):
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        class_weight = None if weight is None else torch.tensor(list(weight), dtype=torch.float)
+        # From the config, not learned: kept out of checkpoints.
+        self.register_buffer("weight", class_weight, persistent=False)
+        self.ignore_index = int(ignore_index)
+        self.temperature = float(temperature)
+        self.normalize_output = bool(normalize_output)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "CrossEntropyMultipleOutputSingleTargetLoss":
+        return cls(
+            weight=config.get("weight"),
+            ignore_index=config.get("ignore_index", -1),
+            temperature=config.get("temperature", 1.0),
+            normalize_output=config.get("normalize_output", False),
+        )
+
+    def forward(self, output, target: torch.Tensor) -> torch.Tensor:
+        if target.ndim == 2 and target.shape[1] == 1:
+            target = target[:, 0]
+        if target.ndim != 1:
+            raise ValueError(f"target must have shape [N], got {tuple(target.shape)}")
+        total = 0.0
+        for logits in as_output_list(output):
+            if self.normalize_output:
+                logits = F.normalize(logits, dim=1)
+            weight = None if self.weight is None else self.weight.to(logits.dtype)
+            total = total + F.cross_entropy(
+                logits / self.temperature, target, weight=weight, ignore_index=self.ignore_index
+            )
+        return total

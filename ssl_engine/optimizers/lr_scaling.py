@@ -1,0 +1,43 @@
+"""Linear scaling of the learning-rate schedule with the global batch size."""
+import copy
+import logging
+from typing import Any, MutableMapping
+
+LR_VALUE_KEYS = ("value", "values", "start_value", "end_value")
+
+
+def _scale_schedule(scheduler_cfg: MutableMapping[str, Any], factor: float, path: str) -> None:
+    for key in LR_VALUE_KEYS:
+        old = scheduler_cfg.get(key)
+        if old is None:
+            continue
+        new = [v * factor for v in old] if isinstance(old, (list, tuple)) else old * factor
+        scheduler_cfg[key] = new
+        logging.info("auto lr scaling: %s.%s %s -> %s", path, key, old, new)
+    for index, sub in enumerate(scheduler_cfg.get("schedulers") or []):
+        _scale_schedule(sub, factor, f"{path}.schedulers[{index}]")
+
+
+def apply_auto_lr_scaling(optimizer_cfg, global_batch_size: int):
+    """A copy of ``optimizer_cfg`` whose lr values are scaled by global_batch_size / base_lr_batch_size.
+
+    Acts only when ``param_schedulers.lr.auto_lr_scaling.auto_scale`` is true; every lr value
+    (value, values, start_value, end_value, also inside composite schedulers) is multiplied.
+    The copy has ``auto_scale`` set to false so that scaling it again changes nothing.
+    """
+    scaled = copy.deepcopy(optimizer_cfg)
+    lr_cfg = scaled["param_schedulers"]["lr"]
+    scaling = lr_cfg.get("auto_lr_scaling") or {}
+    if not scaling.get("auto_scale", False):
+        return scaled
+    base_batch_size = scaling["base_lr_batch_size"]
+    if base_batch_size <= 0 or global_batch_size <= 0:
+        raise ValueError(
+            f"auto lr scaling needs positive batch sizes, got global {global_batch_size}, base {base_batch_size}"
+        )
+    factor = global_batch_size / base_batch_size
+    logging.info("auto lr scaling: global batch %d / base batch %d = factor %g",
+                 global_batch_size, base_batch_size, factor)
+    _scale_schedule(lr_cfg, factor, "OPTIMIZER.param_schedulers.lr")
+    scaling["auto_scale"] = False
+    return scaled
