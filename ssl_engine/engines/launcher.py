@@ -3,6 +3,7 @@
 Composes and checks the config, then either joins a world started by torchrun (rank variables
 already in the environment) or starts ``NUM_PROC_PER_NODE`` processes on this machine.
 """
+import contextlib
 import logging
 import os
 import socket
@@ -22,6 +23,19 @@ from ssl_engine.utils.registry import UnknownNameError
 logger = logging.getLogger(__name__)
 
 _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def import_plugins() -> None:
+    """Import the modules named in ``$SSL_ENGINE_PLUGINS`` (comma-separated), so that the
+    components they register (train steps, losses, hooks ...) exist in this process."""
+    import importlib
+
+    for name in filter(None, (n.strip() for n in os.environ.get("SSL_ENGINE_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(f"SSL_ENGINE_PLUGINS names module '{name}', which cannot be "
+                              f"imported: {err}") from None
 
 
 def find_free_port() -> int:
@@ -89,22 +103,45 @@ def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     _check_checkpoint_dir(cfg)
 
 
+@contextlib.contextmanager
+def _rank_environment(cfg: AttrDict, local_rank: int):
+    """RANK / LOCAL_RANK / WORLD_SIZE of this process while the engine runs (torchrun's own
+    variables are kept as they are); restored afterwards, so a later run in the same
+    process does not mistake them for a torchrun world."""
+    if started_by_torchrun():
+        yield
+        return
+    nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
+    values = {
+        "LOCAL_RANK": str(local_rank),
+        "RANK": str(cfg.DISTRIBUTED.NODE_ID * nproc + local_rank),
+        "WORLD_SIZE": str(cfg.DISTRIBUTED.NUM_NODES * nproc),
+    }
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
                  checkpoint_path: Optional[str], hook_generator) -> None:
-    if not started_by_torchrun():
-        nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
-        os.environ["LOCAL_RANK"] = str(local_rank)
-        os.environ["RANK"] = str(cfg.DISTRIBUTED.NODE_ID * nproc + local_rank)
-        os.environ["WORLD_SIZE"] = str(cfg.DISTRIBUTED.NUM_NODES * nproc)
+    import_plugins()
     engine = get_engine(engine_name)
     kwargs = {"checkpoint_path": checkpoint_path}
     if hook_generator is not None:
         kwargs["hook_generator"] = hook_generator
-    try:
-        engine(cfg, run_id, **kwargs)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with _rank_environment(cfg, local_rank):
+        try:
+            engine(cfg, run_id, **kwargs)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optional[str] = None,
@@ -123,6 +160,7 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
 def main(argv: Sequence[str]) -> int:
     """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
     try:
+        import_plugins()
         engine_name, cfg = load_config(list(argv))
         check_before_launch(engine_name, cfg)
     except (ConfigError, FileNotFoundError, NotADirectoryError, UnknownNameError,

@@ -99,7 +99,7 @@ class LogLossLrEtaHook(SSLHook):
         if not is_primary():
             return
         eta = record["eta_seconds"]
-        eta_text = str(datetime.timedelta(seconds=int(eta))) if eta == eta and eta else "-"
+        eta_text = str(datetime.timedelta(seconds=int(eta))) if eta is not None and eta == eta else "-"
         lr_text = f"{record['lr']:.5g}" if record["lr"] is not None else "-"
         logger.info(
             "%s phase %d | iter %d (%d/%d in phase) | loss %.4f | lr %s | %.1f img/s | "

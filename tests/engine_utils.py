@@ -1,0 +1,38 @@
+"""Helpers for tests that run the engine on the tiny synthetic config."""
+import json
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import torch
+
+from ssl_engine.config import load_config
+from ssl_engine.engines.launcher import check_before_launch, launch_distributed
+
+QUICK = "config=test/quick_simclr_synthetic"
+
+
+def run_engine(checkpoint_dir: Path, overrides: Sequence[str] = (), hook_generator=None,
+               config: str = QUICK):
+    """Compose, check and run a config in this process (or spawned ones) like the CLI does."""
+    engine_name, cfg = load_config([config, f"config.CHECKPOINT.DIR={checkpoint_dir}",
+                                    *overrides])
+    check_before_launch(engine_name, cfg)
+    launch_distributed(cfg, engine_name, hook_generator=hook_generator)
+    return cfg
+
+
+def final_weights(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
+    state = torch.load(Path(checkpoint_dir) / "checkpoint.torch", map_location="cpu",
+                       weights_only=False)
+    model = state["classy_state_dict"]["base_model"]["model"]
+    return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in model[part].items()}
+
+
+def metrics(checkpoint_dir: Path) -> List[dict]:
+    lines = (Path(checkpoint_dir) / "metrics.json").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def step_losses(checkpoint_dir: Path) -> Dict[int, float]:
+    return {m["iteration"]: m["loss"] for m in metrics(checkpoint_dir)
+            if m.get("phase") == "train"}

@@ -1,0 +1,30 @@
+"""Two gloo processes with half the batch each train like one process with the whole batch."""
+import pytest
+import torch
+
+from engine_utils import final_weights, run_engine, step_losses
+
+# GroupNorm: normalisation per sample, so the model's output does not depend on how the
+# global batch is split over processes (batch norm would normalise per process).
+COMMON = ["config.MODEL.TRUNK.RESNETS.NORM=GroupNorm", "config.LOG_FREQUENCY=1",
+          "config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=24"]
+
+
+def test_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
+    run_engine(tmp_path / "one", COMMON + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"])
+    run_engine(tmp_path / "two", COMMON + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+                                           "config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    for iteration in one:
+        assert two[iteration] == pytest.approx(one[iteration], rel=1e-5, abs=1e-6)
+    w1, w2 = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_file_init_method_two_processes(tmp_path):
+    run_engine(tmp_path, COMMON + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+                                   "config.DISTRIBUTED.INIT_METHOD=file",
+                                   "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"])
+    assert sorted(step_losses(tmp_path)) == [1, 2, 3]

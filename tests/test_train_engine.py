@@ -1,0 +1,196 @@
+"""End-to-end training on the tiny synthetic config: files, hooks, train steps, resume."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine_utils import QUICK, final_weights, metrics, run_engine, step_losses
+from ssl_engine.hooks import SSLHook, default_hook_generator
+from ssl_engine.trainer import register_train_step
+from ssl_engine.trainer.train_steps.standard_train_step import standard_train_step
+from ssl_engine.utils.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+# 32 synthetic images, batch 8: 4 iterations per epoch, 2 epochs
+ITERS_PER_EPOCH, EPOCHS = 4, 2
+
+
+def test_checkpoint_files_keys_and_logs(tmp_path):
+    run_engine(tmp_path, ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
+                          "config.LOG_FREQUENCY=1"])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["checkpoint.torch", "log.txt", "metrics.json",
+                     "model_final_checkpoint_phase1.torch", "model_iteration3.torch",
+                     "model_iteration6.torch", "model_phase0.torch"]
+    assert os.readlink(tmp_path / "checkpoint.torch") == "model_final_checkpoint_phase1.torch"
+
+    final = load_checkpoint(tmp_path / "model_final_checkpoint_phase1.torch")
+    assert final["type"] == "phase" and final["iteration"] == ITERS_PER_EPOCH * EPOCHS
+    assert final["train_phase_idx"] == 1 and final["phase_idx"] == 1
+    classy = final["classy_state_dict"]
+    assert set(classy["base_model"]["model"]) == {"trunk", "heads"}
+    assert "conv1.weight" in classy["base_model"]["model"]["trunk"]
+    assert {"optimizer", "loss", "meters", "phase_idx", "train_phase_idx", "iteration",
+            "iteration_num_in_phase"} <= set(classy)
+    assert len(final["rng_states"]) == 1 and final["config"]["OPTIMIZER"]["num_epochs"] == 2
+
+    mid = load_checkpoint(tmp_path / "model_iteration3.torch")
+    assert mid["type"] == "iteration" and mid["classy_state_dict"]["iteration_num_in_phase"] == 3
+
+    records = metrics(tmp_path)
+    steps = [r for r in records if r.get("phase") == "train"]
+    assert [r["iteration"] for r in steps] == list(range(1, 9))
+    for r in steps:
+        assert r["loss"] > 0 and r["lr"] > 0 and r["images_per_sec"] > 0
+        assert r["peak_mem_mb"] > 0 and r["eta_seconds"] >= 0
+    assert steps[-1]["eta_seconds"] == 0
+    assert [r["phase_end"] for r in records if "phase_end" in r] == ["train", "train"]
+    log = (tmp_path / "log.txt").read_text()
+    assert "| eta " in log and "img/s" in log and "saved checkpoint" in log
+
+
+def test_lr_follows_cosine_schedule_per_step(tmp_path):
+    import math
+
+    run_engine(tmp_path, ["config.LOG_FREQUENCY=1"])
+    total = ITERS_PER_EPOCH * EPOCHS
+    for r in (r for r in metrics(tmp_path) if r.get("phase") == "train"):
+        where = (r["iteration"] - 1) / total  # the lr used by the step that just ran
+        expected = 0.001 + (0.1 - 0.001) * (1 + math.cos(math.pi * where)) / 2
+        assert r["lr"] == pytest.approx(expected, rel=1e-9)
+
+
+class RecordingHook(SSLHook):
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            events = object.__getattribute__(self, "events")
+            return lambda task: events.append((name, task.phase_type))
+        return object.__getattribute__(self, name)
+
+
+def test_hooks_see_every_event_in_order(tmp_path):
+    recorder = RecordingHook()
+    run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1", "config.TEST_MODEL=true",
+                          "config.DATA.TEST.DATA_SOURCES=[synthetic]",
+                          "config.DATA.TEST.DATA_PATHS=['']",
+                          "config.DATA.TEST.BATCHSIZE_PER_REPLICA=16",
+                          "config.DATA.TEST.COLLATE_FUNCTION=simclr_collator",
+                          "config.DATA.TEST.SYNTHETIC.NUM_SAMPLES=16",
+                          "config.DATA.TEST.SYNTHETIC.IMAGE_SIZE=24",
+                          "config.DATA.TEST.TRANSFORMS=[{name: ImgReplicatePil, num_times: 2},"
+                          "{name: Resize, size: 16}, {name: ToTensor}]"],
+               hook_generator=lambda cfg: [recorder])
+    train_step = [("on_forward", "train"), ("on_loss_and_meter", "train"),
+                  ("on_backward", "train"), ("on_update", "train"), ("on_step", "train")]
+    test_step = [("on_forward", "test"), ("on_loss_and_meter", "test"), ("on_step", "test")]
+    expected = ([("on_start", "train"), ("on_phase_start", "train")]
+                + train_step * ITERS_PER_EPOCH + [("on_phase_end", "train")]
+                + [("on_phase_start", "test")] + test_step + [("on_phase_end", "test")]
+                + [("on_end", "test")])
+    assert recorder.events == expected
+
+
+CALLS = []
+
+
+@register_train_step("test_counting_step")
+def counting_step(task):
+    standard_train_step(task)
+    CALLS.append(task.iteration)
+    return task
+
+
+def test_train_step_chosen_by_name(tmp_path):
+    CALLS.clear()
+    run_engine(tmp_path, ["config.TRAINER.TRAIN_STEP_NAME=test_counting_step"])
+    assert CALLS == list(range(1, ITERS_PER_EPOCH * EPOCHS + 1))
+
+
+class CrashAt(SSLHook):
+    """Raises after the on_step of a given iteration (after that step's checkpoint)."""
+
+    def __init__(self, iteration):
+        super().__init__()
+        self.iteration = iteration
+
+    def on_step(self, task):
+        if task.train and task.iteration == self.iteration:
+            raise RuntimeError("simulated crash")
+
+
+def crash_hooks_at(iteration):
+    return lambda cfg: default_hook_generator(cfg) + [CrashAt(iteration)]
+
+
+@pytest.mark.parametrize("crash_at, frequency, workers", [(6, 2, 0), (3, 3, 2)])
+def test_resume_after_crash_is_bit_exact(tmp_path, crash_at, frequency, workers):
+    overrides = [f"config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY={frequency}",
+                 f"config.DATA.NUM_DATALOADER_WORKERS={workers}", "config.LOG_FREQUENCY=1"]
+    run_engine(tmp_path / "straight", overrides)
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_engine(tmp_path / "crashed", overrides, hook_generator=crash_hooks_at(crash_at))
+    latest = load_checkpoint(tmp_path / "crashed" / "checkpoint.torch")
+    assert latest["type"] == "iteration"  # mid-epoch: an epoch has 4 iterations
+    assert 0 < latest["classy_state_dict"]["iteration_num_in_phase"] < ITERS_PER_EPOCH
+    run_engine(tmp_path / "crashed", overrides + ["config.CHECKPOINT.AUTO_RESUME=true"])
+
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed")
+    assert straight.keys() == resumed.keys()
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+    # the steps after the resume point saw the same losses
+    assert step_losses(tmp_path / "crashed") == step_losses(tmp_path / "straight")
+
+
+def _cli(args, checkpoint_dir, env=None):
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools/run_distributed_engines.py"), QUICK,
+         f"config.CHECKPOINT.DIR={checkpoint_dir}", "config.LOG_FREQUENCY=1", *args],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
+    )
+
+
+def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path):
+    common = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3"]
+    straight = _cli(common, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+
+    killed = _cli(common + ["config.TRAINER.TRAIN_STEP_NAME=kill_after_iteration"],
+                  tmp_path / "killed",
+                  env={"SSL_ENGINE_PLUGINS": "plugins.kill_step",
+                       "PYTHONPATH": str(REPO / "tests"), "SSL_ENGINE_TEST_KILL_AT": "7"})
+    assert killed.returncode == -9
+    assert os.readlink(tmp_path / "killed" / "checkpoint.torch") == "model_iteration6.torch"
+
+    resumed = _cli(common + ["config.CHECKPOINT.AUTO_RESUME=true"], tmp_path / "killed")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from phase" in (tmp_path / "killed" / "log.txt").read_text()
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "killed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_existing_checkpoints_without_resume_are_refused(tmp_path):
+    run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1"])
+    proc = _cli(["config.CHECKPOINT.AUTO_RESUME=false"], tmp_path)
+    assert proc.returncode == 2
+    assert "already holds checkpoints" in proc.stderr
+    # a finished run resumed again does no more work and keeps its weights
+    before = final_weights(tmp_path)
+    run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1"])
+    after = final_weights(tmp_path)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_missing_data_path_is_named(tmp_path):
+    proc = _cli(["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                 f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path}/nowhere]"], tmp_path / "out")
+    assert proc.returncode == 2
+    assert f"{tmp_path}/nowhere" in proc.stderr and "Traceback" not in proc.stderr
