@@ -1,0 +1,1 @@
+"""Evaluation of learned features: feature computation, k-NN and low-shot classifiers."""
