@@ -1,9 +1,11 @@
-"""The SSL model: a trunk run on every input crop, then a chain of heads."""
+"""The SSL model: a trunk run on every input crop, then heads (chained, or one per evaluated
+stage in feature evaluation)."""
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
+from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings
 from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
 from ssl_engine.models.state_dict import load_state_dict_strict
 
@@ -35,13 +37,24 @@ def concat_crops(stage: str, features: List[torch.Tensor]) -> torch.Tensor:
     return torch.cat(features, dim=0)
 
 
+def freeze(module: nn.Module) -> None:
+    for param in module.parameters():
+        param.requires_grad = False
+
+
 class BaseSSLMultiInputOutputModel(nn.Module):
-    """``trunk`` (MODEL.TRUNK.NAME) followed by ``heads`` (MODEL.HEAD.PARAMS, applied in order).
+    """``trunk`` (MODEL.TRUNK.NAME) followed by ``heads`` (MODEL.HEAD.PARAMS).
 
     ``forward`` takes one batch [N, C, H, W] or a list of batches (multi-crop, any resolutions):
     the trunk runs on each, the outputs are concatenated along dim 0 in input order, and the
-    heads run once on the result.  It returns a list of outputs (one: the last head's output, or
-    the flattened trunk output when there are no heads).
+    heads run once on the result, one after the other.  It returns a list of outputs (one: the
+    last head's output, or the flattened trunk output when there are no heads).
+
+    With MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON and a LINEAR_EVAL_FEAT_POOL_OPS_MAP, the trunk
+    outputs the listed stages, each pooled and flattened; head i is applied to stage i and the
+    list of the heads' outputs is returned (the pooled features themselves without heads).
+    FREEZE_TRUNK_ONLY / FREEZE_TRUNK_AND_HEAD turn off the gradients of the trunk / of
+    everything and keep those parts in eval mode even under ``train()``.
     """
 
     def __init__(self, model_cfg):
@@ -50,19 +63,72 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.heads = nn.ModuleList(
             build_head(index, entry) for index, entry in enumerate(model_cfg.HEAD.PARAMS)
         )
+        self.eval_settings = FeatureEvalSettings.from_model_cfg(model_cfg)
+        self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
+        self._check_eval_settings()
+        if self.eval_settings.freeze_trunk_and_head:
+            freeze(self)
+        elif self.eval_settings.freeze_trunk_only:
+            freeze(self.trunk)
+        self.train()
+
+    def _check_eval_settings(self) -> None:
+        stages = self.eval_settings.stages
+        if not stages:
+            return
+        try:
+            self.trunk.check_out_feat_keys(stages)
+        except ValueError as error:
+            raise ValueError(f"{POOL_OPS_MAP}: {error}") from None
+        if self.eval_settings.heads_per_stage and len(self.heads) not in (0, len(stages)):
+            raise ValueError(
+                f"MODEL.HEAD.PARAMS has {len(self.heads)} head(s) but {POOL_OPS_MAP} has "
+                f"{len(stages)} stage(s) {stages}: with {SETTINGS}.EVAL_MODE_ON every stage "
+                "needs its own head, in the same order"
+            )
+
+    def train(self, mode: bool = True) -> "BaseSSLMultiInputOutputModel":
+        """As ``nn.Module.train``, but frozen parts stay in eval mode (their batch-norm
+        statistics do not change)."""
+        super().train(mode)
+        if self.eval_settings.freeze_trunk_and_head:
+            super().train(False)
+        elif self.eval_settings.freeze_trunk_only:
+            self.trunk.train(False)
+        return self
+
+    # ------------------------------------------------------------------ features
+    def _stage_outputs(
+        self, x: ModelInput, keys: Sequence[str], pools: Optional[Sequence[nn.Module]] = None
+    ) -> Dict[str, torch.Tensor]:
+        """The trunk's ``keys`` stages (each through its pool op if given), crops concatenated."""
+        batches = [x] if isinstance(x, torch.Tensor) else list(x)
+        if not batches or not all(isinstance(batch, torch.Tensor) for batch in batches):
+            raise TypeError("the model takes a Tensor or a non-empty list of Tensors")
+        per_batch = []
+        for batch in batches:
+            outputs = self.trunk(batch, keys)
+            if pools is not None:
+                outputs = [pool(output) for pool, output in zip(pools, outputs)]
+            per_batch.append(outputs)
+        return {key: concat_crops(key, [f[i] for f in per_batch]) for i, key in enumerate(keys)}
 
     def extract_features(
         self, x: ModelInput, out_feat_keys: Optional[Sequence[str]] = None
     ) -> Dict[str, torch.Tensor]:
         """Trunk stage outputs by name (default: the trunk's default output), crops concatenated."""
-        batches = [x] if isinstance(x, torch.Tensor) else list(x)
-        if not batches or not all(isinstance(batch, torch.Tensor) for batch in batches):
-            raise TypeError("the model takes a Tensor or a non-empty list of Tensors")
-        keys = self.trunk.check_out_feat_keys(out_feat_keys)
-        per_batch = [self.trunk(batch, keys) for batch in batches]
-        return {key: concat_crops(key, [f[i] for f in per_batch]) for i, key in enumerate(keys)}
+        return self._stage_outputs(x, self.trunk.check_out_feat_keys(out_feat_keys))
+
+    def pooled_eval_features(self, x: ModelInput) -> Dict[str, torch.Tensor]:
+        """The stages of LINEAR_EVAL_FEAT_POOL_OPS_MAP, each through its pool op (not flattened)."""
+        return self._stage_outputs(x, self.eval_settings.stages, list(self.feat_pools))
 
     def forward(self, x: ModelInput) -> List[torch.Tensor]:
+        if self.eval_settings.heads_per_stage:
+            features = [torch.flatten(f, 1) for f in self.pooled_eval_features(x).values()]
+            if not self.heads:
+                return features
+            return [head(feature) for head, feature in zip(self.heads, features)]
         (output,) = self.extract_features(x).values()
         if not self.heads:
             return [torch.flatten(output, 1)]
@@ -70,6 +136,35 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             output = head(output)
         return [output]
 
+    def extract_layer_names(self) -> List[str]:
+        """The names ``extract_layers`` returns, in order: trunk stages with
+        EXTRACT_TRUNK_FEATURES_ONLY, else "heads" (one output) or "heads0", "heads1", ..."""
+        settings = self.eval_settings
+        if settings.extract_trunk_features_only:
+            return settings.stages or [self.trunk.default_out_feat_key]
+        if not self.heads:
+            raise ValueError(
+                f"the model has no heads to extract features from; set "
+                f"{SETTINGS}.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"
+            )
+        num_outputs = len(self.heads) if settings.heads_per_stage else 1
+        return ["heads"] if num_outputs == 1 else [f"heads{i}" for i in range(num_outputs)]
+
+    def extract_layers(self, x: ModelInput) -> Dict[str, torch.Tensor]:
+        """Named features for extraction (see ``extract_layer_names``); flattened to [N, D] with
+        SHOULD_FLATTEN_FEATS.  Call it under ``torch.no_grad()`` in eval mode."""
+        names = self.extract_layer_names()
+        if not self.eval_settings.extract_trunk_features_only:
+            layers = dict(zip(names, self.forward(x)))
+        elif self.eval_settings.stages:
+            layers = self.pooled_eval_features(x)
+        else:
+            layers = self.extract_features(x, names)
+        if self.eval_settings.should_flatten_feats:
+            layers = {name: torch.flatten(feature, 1) for name, feature in layers.items()}
+        return layers
+
+    # ------------------------------------------------------------------ state
     def get_classy_state(self) -> dict:
         return {"model": {"trunk": self.trunk.state_dict(), "heads": self.heads.state_dict()}}
 

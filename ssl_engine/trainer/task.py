@@ -75,6 +75,10 @@ class SelfSupervisionTask(ClassyTask):
         if cfg.TEST_MODEL:
             self.datasets["TEST"] = build_dataset(cfg, "TEST")
         self.base_model = build_model(cfg.MODEL).to(self.device)
+        if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and checkpoint is None:  # a resume checkpoint wins
+            from ssl_engine.models.weights_init import load_weights_init
+
+            load_weights_init(self.base_model, cfg.MODEL.WEIGHTS_INIT)
         self.loss = build_loss(cfg.LOSS).to(self.device)
         self.optimizer = None if cfg.TEST_ONLY else build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)

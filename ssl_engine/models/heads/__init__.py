@@ -1,2 +1,3 @@
 """Heads: modules applied to the trunk output, each registered with ``register_model_head``."""
+from ssl_engine.models.heads.eval_mlp import EvalMLP  # noqa: F401  (registers "eval_mlp")
 from ssl_engine.models.heads.mlp import MLP  # noqa: F401  (registers "mlp")

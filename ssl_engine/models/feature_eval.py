@@ -1,0 +1,83 @@
+"""MODEL.FEATURE_EVAL_SETTINGS: which trunk stages are evaluated, how they are pooled, what is
+frozen."""
+from dataclasses import dataclass, field
+from typing import Any, List, Tuple
+
+from torch import nn
+
+SETTINGS = "MODEL.FEATURE_EVAL_SETTINGS"
+POOL_OPS_MAP = f"{SETTINGS}.LINEAR_EVAL_FEAT_POOL_OPS_MAP"
+
+
+def _as_tuples(value: Any) -> Any:
+    """YAML lists inside pool-op arguments become tuples (e.g. output sizes [2, 2] -> (2, 2))."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(item) for item in value)
+    return value
+
+
+def build_pool_op(index: int, name: Any, args: Any) -> nn.Module:
+    """``torch.nn.<name>(*args)``: the pooling applied to one evaluated stage."""
+    where = f"{POOL_OPS_MAP}[{index}]"
+    op_class = getattr(nn, name, None) if isinstance(name, str) else None
+    if not (isinstance(op_class, type) and issubclass(op_class, nn.Module)):
+        raise ValueError(f"{where}: '{name}' is not a torch.nn module (e.g. AdaptiveAvgPool2d)")
+    if not isinstance(args, (list, tuple)):
+        raise ValueError(f"{where}: the arguments of {name} must be a list, got {args!r}")
+    try:
+        return op_class(*_as_tuples(args))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: cannot build {name}{_as_tuples(args)}: {error}") from None
+
+
+def parse_pool_ops_map(entries: Any) -> List[Tuple[str, nn.Module]]:
+    """``[[stage, [pool_op_name, [args]]], ...]`` -> ``[(stage, pool module), ...]``."""
+    parsed = []
+    for index, entry in enumerate(entries or []):
+        ok = (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
+              and isinstance(entry[1], (list, tuple)) and len(entry[1]) == 2)
+        if not ok:
+            raise ValueError(
+                f"{POOL_OPS_MAP}[{index}] must be [stage, [pool_op_name, [args]]], "
+                f"e.g. [res5, [AdaptiveAvgPool2d, [[1, 1]]]]; got {entry!r}"
+            )
+        stage, (name, args) = entry
+        parsed.append((stage, build_pool_op(index, name, args)))
+    stages = [stage for stage, _ in parsed]
+    repeated = sorted({stage for stage in stages if stages.count(stage) > 1})
+    if repeated:
+        raise ValueError(f"{POOL_OPS_MAP} lists stage(s) {repeated} more than once")
+    return parsed
+
+
+@dataclass
+class FeatureEvalSettings:
+    """The parsed MODEL.FEATURE_EVAL_SETTINGS (keys missing from the config take defaults)."""
+
+    eval_mode_on: bool = False
+    freeze_trunk_only: bool = False
+    freeze_trunk_and_head: bool = False
+    extract_trunk_features_only: bool = False
+    should_flatten_feats: bool = True
+    pool_ops: List[Tuple[str, nn.Module]] = field(default_factory=list)
+
+    @classmethod
+    def from_model_cfg(cls, model_cfg) -> "FeatureEvalSettings":
+        cfg = model_cfg.get("FEATURE_EVAL_SETTINGS") or {}
+        return cls(
+            eval_mode_on=bool(cfg.get("EVAL_MODE_ON", False)),
+            freeze_trunk_only=bool(cfg.get("FREEZE_TRUNK_ONLY", False)),
+            freeze_trunk_and_head=bool(cfg.get("FREEZE_TRUNK_AND_HEAD", False)),
+            extract_trunk_features_only=bool(cfg.get("EXTRACT_TRUNK_FEATURES_ONLY", False)),
+            should_flatten_feats=bool(cfg.get("SHOULD_FLATTEN_FEATS", True)),
+            pool_ops=parse_pool_ops_map(cfg.get("LINEAR_EVAL_FEAT_POOL_OPS_MAP", [])),
+        )
+
+    @property
+    def stages(self) -> List[str]:
+        return [stage for stage, _ in self.pool_ops]
+
+    @property
+    def heads_per_stage(self) -> bool:
+        """Each evaluated stage gets its own head (linear evaluation of several stages)."""
+        return self.eval_mode_on and bool(self.pool_ops)

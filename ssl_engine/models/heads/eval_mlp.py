@@ -1,0 +1,48 @@
+"""The linear-evaluation head: batch norm of the (frozen) features, then a linear classifier."""
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ssl_engine.models.heads.mlp import MLP
+from ssl_engine.models.registry import register_model_head
+
+
+@register_model_head("eval_mlp")
+class EvalMLP(nn.Module):
+    """BatchNorm1d(``in_channels``) on the flattened input when ``use_bn``, then an ``mlp`` head
+    of sizes ``dims`` = [in_channels, ..., num_classes] (ReLU between its layers when
+    ``use_relu``).  The batch norm puts features of any scale on one footing for the classifier.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        dims: Sequence[int],
+        use_bn: bool = True,
+        use_relu: bool = False,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+    ):
+        super().__init__()
+        in_channels = int(in_channels)
+        dims = [int(d) for d in dims]
+        if not dims or dims[0] != in_channels:
+            raise ValueError(
+                f"eval_mlp head: dims must start with in_channels={in_channels}, got dims={dims}"
+            )
+        self.channel_bn = (
+            nn.BatchNorm1d(in_channels, eps=eps, momentum=momentum) if use_bn else None
+        )
+        self.mlp = MLP(dims, use_relu=use_relu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(x, 1)
+        if self.channel_bn is not None:
+            if x.shape[1] != self.channel_bn.num_features:
+                raise ValueError(
+                    f"eval_mlp head expects {self.channel_bn.num_features} input features "
+                    f"(in_channels), got {x.shape[1]}"
+                )
+            x = self.channel_bn(x)
+        return self.mlp(x)

@@ -1,0 +1,134 @@
+"""MODEL.WEIGHTS_INIT: start a model from a checkpoint of this engine or a plain state dict.
+
+Keys of the file are mapped (REMOVE_PREFIX, then APPEND_PREFIX) onto the model's
+``state_dict()`` keys ("trunk.<k>", "heads.<k>"); keys containing a SKIP_LAYERS string are not
+loaded.  Model keys the file lacks keep their initial values (e.g. the linear-evaluation heads
+of a pretraining checkpoint) and are reported, as are file keys the model lacks.
+"""
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping
+
+import torch
+from torch import nn
+
+from ssl_engine.utils.checkpoint import load_checkpoint
+
+logger = logging.getLogger(__name__)
+
+WHERE = "MODEL.WEIGHTS_INIT"
+MAX_LOGGED_NAMES = 10
+
+
+@dataclass
+class WeightsInitReport:
+    """What ``load_weights_init`` did with every key, in file (or model) order."""
+
+    params_file: str
+    loaded: List[str] = field(default_factory=list)
+    skipped: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+    unexpected: List[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"weights init from {self.params_file}:"]
+        for title in ("loaded", "skipped", "missing", "unexpected"):
+            names = getattr(self, title)
+            shown = ", ".join(names[:MAX_LOGGED_NAMES])
+            hidden = len(names) - MAX_LOGGED_NAMES
+            more = f", ... ({hidden} more)" if hidden > 0 else ""
+            lines.append(f"  {title} {len(names)}" + (f": {shown}{more}" if names else ""))
+        return "\n".join(lines)
+
+
+def _is_tensor_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and all(torch.is_tensor(v) for v in obj.values())
+
+
+def flatten_engine_state(state: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """A state dict of tensors from either a plain state dict or this engine's model state
+    (``{base_model: {model: {trunk, heads}}}`` or any part of it) as "trunk.<k>"/"heads.<k>"."""
+    for key in ("base_model", "model"):
+        if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
+            state = state[key]
+    if isinstance(state, Mapping) and {"trunk", "heads"} <= set(state) and all(
+        _is_tensor_dict(state[part]) for part in ("trunk", "heads")
+    ):
+        return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in state[part].items()}
+    if not _is_tensor_dict(state):
+        found = sorted(state)[:MAX_LOGGED_NAMES] if isinstance(state, Mapping) else type(state)
+        raise ValueError(
+            f"{WHERE}: the file holds neither a state dict of tensors nor this engine's model "
+            f"state (found {found}); check STATE_DICT_KEY_NAME"
+        )
+    return dict(state)
+
+
+def read_state(weights_cfg: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """The file's state dict, with its keys mapped by REMOVE_PREFIX then APPEND_PREFIX."""
+    path = Path(str(weights_cfg.get("PARAMS_FILE")))
+    if not path.is_file():
+        raise FileNotFoundError(f"{WHERE}.PARAMS_FILE {path} does not exist")
+    contents = load_checkpoint(path)
+    key_name = weights_cfg.get("STATE_DICT_KEY_NAME") or ""
+    if key_name and key_name in contents:
+        contents = contents[key_name]
+    elif key_name:
+        logger.info("%s: %s has no key '%s'; using the whole file as the state dict",
+                    WHERE, path, key_name)
+    state = flatten_engine_state(contents)
+    remove, append = weights_cfg.get("REMOVE_PREFIX") or "", weights_cfg.get("APPEND_PREFIX") or ""
+    mapped = {}
+    for key, value in state.items():
+        if remove and key.startswith(remove):
+            key = key[len(remove):]
+        mapped[append + key] = value
+    return mapped
+
+
+def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> WeightsInitReport:
+    """Copy the matching tensors of ``weights_cfg["PARAMS_FILE"]`` into ``model`` and report.
+
+    ``weights_cfg`` is MODEL.WEIGHTS_INIT (missing keys: no prefixes, no skipped layers).
+
+    Raises FileNotFoundError for a missing file, ValueError when a key has another shape in the
+    file than in the model (naming the key and both shapes) or when no key matched at all.
+    """
+    if not weights_cfg.get("PARAMS_FILE"):
+        raise ValueError(f"{WHERE}.PARAMS_FILE is empty: nothing to load")
+    state = read_state(weights_cfg)
+    skip_layers = [str(s) for s in weights_cfg.get("SKIP_LAYERS") or [] if str(s)]
+    targets = model.state_dict()
+    report = WeightsInitReport(str(weights_cfg.get("PARAMS_FILE")))
+    report.missing = [key for key in targets if key not in state]
+    for key in state:
+        if any(pattern in key for pattern in skip_layers):
+            report.skipped.append(key)
+        elif key in targets:
+            report.loaded.append(key)
+        else:
+            report.unexpected.append(key)
+
+    reshaped = [
+        f"{key}: file {tuple(state[key].shape)} vs model {tuple(targets[key].shape)}"
+        for key in report.loaded
+        if tuple(state[key].shape) != tuple(targets[key].shape)
+    ]
+    if reshaped:
+        raise ValueError(
+            f"{WHERE}: {report.params_file} does not fit the model; shape mismatches "
+            f"({len(reshaped)}): " + "; ".join(reshaped)
+            + " (use SKIP_LAYERS to leave such keys out)"
+        )
+    if not report.loaded:
+        raise ValueError(
+            f"{WHERE}: no key of {report.params_file} matches the model. File keys (after "
+            f"prefixes): {list(state)[:5]}; model keys: {list(targets)[:5]}; "
+            "set APPEND_PREFIX / REMOVE_PREFIX (e.g. APPEND_PREFIX=trunk. for a torchvision file)"
+        )
+    with torch.no_grad():
+        for key in report.loaded:
+            targets[key].copy_(state[key])
+    logger.info(report.summary())
+    return report
