@@ -4,15 +4,18 @@ from typing import List
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
 from ssl_engine.hooks.checkpoint_hook import CheckpointHook
+from ssl_engine.hooks.feature_report_hook import FeatureReportHook
+from ssl_engine.hooks.knn_hook import KnnEvalHook
 from ssl_engine.hooks.log_hooks import LogLossLrEtaHook
 from ssl_engine.hooks.tensorboard_hook import TensorboardHook
 
-__all__ = ["CheckpointHook", "LogLossLrEtaHook", "SSLClassyHookFunctions", "SSLHook",
-           "TensorboardHook", "default_hook_generator"]
+__all__ = ["CheckpointHook", "FeatureReportHook", "KnnEvalHook", "LogLossLrEtaHook",
+           "SSLClassyHookFunctions", "SSLHook", "TensorboardHook", "default_hook_generator"]
 
 
 def default_hook_generator(cfg) -> List[SSLHook]:
-    """The hooks every run gets: logging, checkpoints (when training), TensorBoard if asked."""
+    """The hooks every run gets: logging, checkpoints (when training), then TensorBoard, the
+    online k-NN evaluation and the final feature report when asked."""
     hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
@@ -21,4 +24,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     if tb.USE_TENSORBOARD:
         hooks.append(TensorboardHook(os.path.join(cfg.CHECKPOINT.DIR, tb.EXPERIMENT_LOG_DIR),
                                      cfg.LOG_FREQUENCY, tb.FLUSH_EVERY_N_MIN, tb.LOG_PARAMS))
+    if cfg.HOOKS.KNN_EVAL.USE_KNN_EVAL:
+        hooks.append(KnnEvalHook(cfg))
+    if cfg.HOOKS.FEATURE_REPORT.ENABLED:
+        hooks.append(FeatureReportHook(cfg))
     return hooks
