@@ -17,3 +17,4 @@ def get_engine(name: str):
 
 
 from ssl_engine.engines import train  # noqa: E402,F401  (registers)
+from ssl_engine.engines import extract_features  # noqa: E402,F401  (registers)

@@ -26,7 +26,8 @@ def machine_ranks():
 
 
 class SelfSupervisionTrainer:
-    """Trains (``train()``) the task named by ``TRAINER.TASK_NAME``.
+    """Trains (``train()``) the task named by ``TRAINER.TASK_NAME``, or extracts features
+    (``extract()``).
 
     Args:
         cfg: the checked config (the AttrDict under ``config``).
@@ -107,3 +108,31 @@ class SelfSupervisionTrainer:
             except StopIteration:
                 return
             task.run_hook(Event.on_step)
+
+    def extract(self):
+        """Write the features of every split in EXTRACT_FEATURES.SPLITS and every layer the
+        model extracts (MODEL.FEATURE_EVAL_SETTINGS), from the frozen model with the weights
+        of MODEL.WEIGHTS_INIT; return {split: {layer: {kind: path}}}."""
+        from ssl_engine.data import build_dataset
+        from ssl_engine.evaluation.extracted import extraction_dir
+        from ssl_engine.models import build_model
+        from ssl_engine.models.weights_init import load_weights_init
+        from ssl_engine.trainer import feature_extraction as fx
+
+        cfg = self.cfg
+        folder = fx.ensure_writable(extraction_dir(cfg))
+        splits = fx.check_splits(cfg.EXTRACT_FEATURES.SPLITS)
+        with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank
+            torch.manual_seed(cfg.SEED_VALUE)
+            model = build_model(cfg.MODEL)
+        layers = model.extract_layer_names()
+        if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE:
+            report = load_weights_init(model, cfg.MODEL.WEIGHTS_INIT)  # logs its summary
+            logger.info("extracting with %d tensors of %s (%d model tensors not in the file)",
+                        len(report.loaded), report.params_file, len(report.missing))
+        else:
+            logger.warning("config.MODEL.WEIGHTS_INIT.PARAMS_FILE is empty: extracting the "
+                           "features of a randomly initialised model")
+        logger.info("extracting layers %s of splits %s", ", ".join(layers), ", ".join(splits))
+        datasets = {split: build_dataset(cfg, split) for split in splits}
+        return fx.extract_features(model.to(self.device), datasets, cfg, self.device, folder)

@@ -1,0 +1,20 @@
+"""The ``extract_features`` engine: a frozen model's features as numpy, per split and layer."""
+from typing import Callable, List, Optional
+
+from ssl_engine.engines import register_engine
+from ssl_engine.hooks import default_hook_generator
+from ssl_engine.trainer import SelfSupervisionTrainer
+from ssl_engine.trainer.trainer import machine_ranks
+from ssl_engine.utils.logger import setup_logging
+
+
+@register_engine("extract_features")
+def extract_main(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
+                 checkpoint_folder: Optional[str] = None,
+                 hook_generator: Callable[..., List] = default_hook_generator) -> None:
+    """Write ``<split>_<layer>_{features,targets,inds}.npy`` into EXTRACT_FEATURES.OUTPUT_DIR
+    (or CHECKPOINT.DIR). The weights come from MODEL.WEIGHTS_INIT; hooks are not run."""
+    _, rank, _ = machine_ranks()
+    setup_logging(checkpoint_folder or cfg.CHECKPOINT.DIR, rank)
+    trainer = SelfSupervisionTrainer(cfg, dist_run_id, checkpoint_path, checkpoint_folder)
+    trainer.extract()

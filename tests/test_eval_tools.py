@@ -1,0 +1,78 @@
+"""tools/nearest_neighbor_test.py and tools/low_shot_test.py end to end on a tiny config."""
+import importlib.util
+import json
+from pathlib import Path
+
+from ssl_engine.evaluation.extracted import extracted_paths, load_extracted
+from ssl_engine.evaluation.knn import knn_classify
+from ssl_engine.evaluation.low_shot import low_shot_eval
+from test_extract_features import CONFIG, TINY
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def records(folder, key):
+    lines = (folder / "metrics.json").read_text().splitlines()
+    return [json.loads(line)[key] for line in lines if key in json.loads(line)]
+
+
+def mtimes(folder):
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.suffix == ".npy"}
+
+
+def test_knn_tool_extracts_once_then_reuses_and_low_shot_tool_shares_the_files(tmp_path, capsys):
+    argv = [CONFIG, *TINY, f"config.CHECKPOINT.DIR={tmp_path}", "config.NEAREST_NEIGHBOR.TOPK=5"]
+    knn_tool = load_tool("nearest_neighbor_test")
+    assert knn_tool.main(argv) == 0
+    first = mtimes(tmp_path)
+    assert len(first) == 12  # {train,test} x {res4,res5avg} x {features,targets,inds}
+    assert "top-1" in capsys.readouterr().out
+
+    assert knn_tool.main(argv) == 0  # second run: the files are reused as they are
+    assert mtimes(tmp_path) == first
+    out = capsys.readouterr().out
+    assert "reusing the extracted features of layer res5avg" in out
+
+    train, test = (load_extracted(tmp_path, split, "res5avg") for split in ("train", "test"))
+    expected = knn_classify(train.features, train.targets, test.features, test.targets,
+                            topk=5, sigma=0.07, chunk_size=1024)
+    runs = records(tmp_path, "knn")
+    assert len(runs) == 2 and runs[0] == runs[1]
+    assert runs[0] == {"layer": "res5avg", "topk": 5, "sigma": 0.07, **expected}
+    assert f"top-1 {expected['top1']:.2f}%  top-5 {expected['top5']:.2f}%" in out
+
+    # a missing split is extracted again, the other reused; the low-shot tool reads the same files
+    for path in extracted_paths(tmp_path, "test", "res5avg").values():
+        path.unlink()
+    low_shot_tool = load_tool("low_shot_test")
+    low_shot_argv = argv + ["config.LOW_SHOT.SHOTS=[1,2]", "config.LOW_SHOT.SEEDS=[0,1]"]
+    assert low_shot_tool.main(low_shot_argv) == 0
+    now = mtimes(tmp_path)
+    assert {k: v for k, v in now.items() if k.startswith("train_")} == \
+        {k: v for k, v in first.items() if k.startswith("train_")}
+    assert now["test_res5avg_features.npy"] != first["test_res5avg_features.npy"]
+    test = load_extracted(tmp_path, "test", "res5avg")
+    expected = low_shot_eval(train.features, train.targets, test.features, test.targets,
+                             shots=(1, 2), seeds=(0, 1), k=1)
+    (record,) = records(tmp_path, "low_shot")
+    assert record["layer"] == "res5avg" and record["k"] == 1
+    assert record["shots"] == {str(shot): stats for shot, stats in expected.items()}
+    out = capsys.readouterr().out
+    for shot, stats in expected.items():
+        assert f"{shot:>4}-shot top-1 {stats['mean']:.2f} ± {stats['std']:.2f} %" in out
+
+
+def test_tool_reports_a_layer_the_config_does_not_extract(tmp_path, capsys):
+    argv = [CONFIG, *TINY, f"config.CHECKPOINT.DIR={tmp_path}",
+            "config.NEAREST_NEIGHBOR.FEATURES_LAYER=res3"]
+    assert load_tool("nearest_neighbor_test").main(argv) == 2
+    err = capsys.readouterr().err
+    assert "layer 'res3' is not extracted by this config; its layers are: res4, res5avg" in err
+    assert not any(p.suffix == ".npy" for p in tmp_path.iterdir())

@@ -1,0 +1,185 @@
+"""The extract_features engine: files, order, 1 vs 2 processes, weights, errors, interruption."""
+import numpy as np
+import pytest
+import torch
+
+from engine_utils import run_engine
+from ssl_engine.config import load_config
+from ssl_engine.data import build_dataset
+from ssl_engine.evaluation.extracted import extracted_paths, load_extracted
+from ssl_engine.models import BaseSSLMultiInputOutputModel, build_model
+from ssl_engine.trainer import feature_extraction as fx
+
+CONFIG = "config=feature_extraction/extract_resnet_digits"
+# 37 train / 21 test synthetic images, batch 8: divisible neither by the batch nor by 2 ranks
+TINY = [
+    "config.DATA.TRAIN.DATA_SOURCES=[synthetic]",
+    "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=37",
+    "config.DATA.TRAIN.SYNTHETIC.IMAGE_SIZE=16",
+    "config.DATA.TRAIN.SYNTHETIC.NUM_CLASSES=4",
+    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
+    "config.DATA.TEST.DATA_SOURCES=[synthetic]",
+    "config.DATA.TEST.SYNTHETIC.NUM_SAMPLES=21",
+    "config.DATA.TEST.SYNTHETIC.IMAGE_SIZE=16",
+    "config.DATA.TEST.SYNTHETIC.NUM_CLASSES=4",
+    "config.DATA.TEST.BATCHSIZE_PER_REPLICA=8",
+    "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.125",
+]
+SIZES = {"train": 37, "test": 21}
+LAYERS = ["res4", "res5avg"]
+DIMS = {"res4": 32, "res5avg": 64}  # 256 and 512 channels at width 0.125
+
+
+def extract(folder, overrides=()):
+    return run_engine(folder, TINY + list(overrides), config=CONFIG)
+
+
+def final_names(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".npy"))
+
+
+def expected_names():
+    return sorted(path.name for split in SIZES for layer in LAYERS
+                  for path in extracted_paths(".", split, layer).values())
+
+
+def save_weights(path, seed=123):
+    """A checkpoint of this engine with random (seeded) weights; returns the model."""
+    _, cfg = load_config([CONFIG, *TINY])
+    torch.manual_seed(seed)
+    model = build_model(cfg.MODEL)
+    torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, path)
+    return cfg, model.eval()
+
+
+def direct_features(cfg, model, split):
+    """res4 (averaged over space) and res5avg of every sample, one image at a time."""
+    dataset = build_dataset(cfg, split)
+    rows = {layer: [] for layer in LAYERS}
+    with torch.no_grad():
+        for index in range(len(dataset)):
+            image = dataset[index]["data"][0][None]
+            res4, res5avg = model.trunk(image, LAYERS)
+            rows["res4"].append(res4.mean(dim=(2, 3))[0].numpy())
+            rows["res5avg"].append(res5avg.flatten(1)[0].numpy())
+    return {layer: np.stack(values) for layer, values in rows.items()}
+
+
+def test_one_and_two_processes_write_identical_ordered_files(tmp_path):
+    """Without WEIGHTS_INIT the model is seeded alike on every rank (and a warning says so)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    extract(one)
+    extract(two, ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2", "config.DISTRIBUTED.INIT_METHOD=file"])
+    for folder in (one, two):  # the final files only: no temporaries left
+        assert final_names(folder) == expected_names()
+        assert not [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert "randomly initialised model" in (one / "log.txt").read_text()
+    for split, size in SIZES.items():
+        for layer in LAYERS:
+            a, b = load_extracted(one, split, layer), load_extracted(two, split, layer)
+            for kind in ("features", "targets", "inds"):
+                assert np.array_equal(getattr(a, kind), getattr(b, kind)), (split, layer, kind)
+            assert a.features.dtype == np.float32 and a.features.shape == (size, DIMS[layer])
+            assert a.inds.dtype == np.int64 and np.array_equal(a.inds, np.arange(size))
+            assert np.array_equal(a.targets, np.arange(size) % 4)  # synthetic label = i % 4
+
+
+def test_features_are_those_of_the_weights_init_model(tmp_path):
+    weights = tmp_path / "weights.torch"
+    cfg, model = save_weights(weights)
+    out = tmp_path / "features"
+    extract(tmp_path / "ckpt", [f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}",
+                                f"config.EXTRACT_FEATURES.OUTPUT_DIR={out}",
+                                "config.EXTRACT_FEATURES.SPLITS=[TEST]"])
+    assert final_names(out) == [name for name in expected_names() if name.startswith("test_")]
+    expected = direct_features(cfg, model, "TEST")
+    for layer in LAYERS:
+        np.testing.assert_allclose(load_extracted(out, "test", layer).features, expected[layer],
+                                   rtol=1e-4, atol=1e-5)
+    assert f"weights init from {weights}" in (tmp_path / "ckpt" / "log.txt").read_text()
+
+
+@pytest.fixture
+def forward_calls(monkeypatch):
+    calls = []
+    original = BaseSSLMultiInputOutputModel.extract_layers
+
+    def counting(self, x):
+        calls.append(len(x))
+        return original(self, x)
+
+    monkeypatch.setattr(BaseSSLMultiInputOutputModel, "extract_layers", counting)
+    return calls
+
+
+def test_unwritable_output_dir_fails_before_any_forward(tmp_path, forward_calls):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    target = blocker / "features"  # a folder cannot be created under a file (even as root)
+    with pytest.raises(fx.ExtractionError, match=f"cannot write extracted features to {target}"):
+        extract(tmp_path / "ckpt", [f"config.EXTRACT_FEATURES.OUTPUT_DIR={target}"])
+    assert forward_calls == []
+
+
+def test_unknown_layer_names_the_trunk_stages_before_data_work(tmp_path, monkeypatch):
+    import ssl_engine.data
+
+    def no_data(*args):
+        raise AssertionError("a dataset was built")
+
+    monkeypatch.setattr(ssl_engine.data, "build_dataset", no_data)
+    bad_map = ("config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP="
+               "[[res9,[Identity,[]]]]")
+    with pytest.raises(ValueError, match=r"no stage\(s\) \['res9'\]; its stages are: conv1, "
+                                         r"res2, res3, res4, res5, res5avg"):
+        extract(tmp_path, [bad_map])
+    assert final_names(tmp_path) == []
+
+
+def test_interrupted_extraction_leaves_no_final_file_and_a_rerun_completes(tmp_path, monkeypatch):
+    original = fx.RankWriter.append
+    batches = []
+
+    def fail_after_first_batch(self, features, targets, inds):
+        if batches:
+            raise RuntimeError("killed")
+        batches.append(len(inds))
+        original(self, features, targets, inds)
+
+    monkeypatch.setattr(fx.RankWriter, "append", fail_after_first_batch)
+    with pytest.raises(RuntimeError, match="killed"):
+        extract(tmp_path)
+    assert batches == [8] and final_names(tmp_path) == []
+
+    # a hard kill would leave temporaries behind: a rerun overwrites and removes them
+    monkeypatch.setattr(fx.RankWriter, "append", original)
+    leftovers = [fx.temporary(extracted_paths(tmp_path, "train", "res4")["features"], 0),
+                 fx.temporary(extracted_paths(tmp_path, "train", "res4")["features"])]
+    for path in leftovers:
+        path.write_bytes(b"junk")
+    extract(tmp_path)
+    assert final_names(tmp_path) == expected_names()
+    assert not any(path.exists() for path in leftovers)
+    assert load_extracted(tmp_path, "train", "res4").features.shape == (37, DIMS["res4"])
+
+
+def test_merge_places_rows_by_index_in_chunks_and_drops_repeats(tmp_path, monkeypatch):
+    """Two rank files with shuffled, repeated indices; a chunk of 3 rows."""
+    monkeypatch.setattr(fx, "MERGE_CHUNK_BYTES", 3 * 2 * 4)
+    num_samples, rng = 11, np.random.default_rng(0)
+    values = rng.normal(size=(num_samples, 2)).astype(np.float32)
+    shares = [np.array([7, 0, 2, 9, 4, 6]), np.array([1, 3, 10, 5, 8, 0])]  # 0 twice (padding)
+    sources, inds_files = [], []
+    for rank, share in enumerate(shares):
+        for rows, name, paths in ((values[share], "rows", sources), (share, "inds", inds_files)):
+            appender = fx.NpyAppender(tmp_path / f"{name}{rank}.npy", len(share))
+            appender.append(rows)
+            appender.close()
+            paths.append(appender.path)
+    assert np.array_equal(np.load(sources[1]), values[shares[1]])  # rank files are .npy too
+    final = tmp_path / "merged.npy"
+    fx.merge_rank_files(final, sources, inds_files, num_samples)
+    assert np.array_equal(np.load(fx.temporary(final)), values)
+
+    with pytest.raises(fx.ExtractionError, match="1 of 12 dataset indices were never extracted"):
+        fx.merge_rank_files(final, sources, inds_files, 12)
