@@ -183,3 +183,22 @@ def test_merge_places_rows_by_index_in_chunks_and_drops_repeats(tmp_path, monkey
 
     with pytest.raises(fx.ExtractionError, match="1 of 12 dataset indices were never extracted"):
         fx.merge_rank_files(final, sources, inds_files, 12)
+
+
+def test_command_line_refuses_unwritable_output_before_starting(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tools/run_distributed_engines.py"), CONFIG,
+         "engine_name=extract_features", *TINY, f"config.CHECKPOINT.DIR={tmp_path / 'ckpt'}",
+         f"config.EXTRACT_FEATURES.OUTPUT_DIR={blocker / 'features'}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert f"error: cannot write extracted features to {blocker / 'features'}" in proc.stderr
+    assert "Traceback" not in proc.stderr and "init process group" not in proc.stdout

@@ -8,7 +8,18 @@ from ssl_engine.trainer.trainer import machine_ranks
 from ssl_engine.utils.logger import setup_logging
 
 
-@register_engine("extract_features")
+def check_extract_config(cfg) -> None:
+    """The splits are known, their data exists, and the output folder is writable."""
+    from ssl_engine.data import check_data_paths
+    from ssl_engine.evaluation.extracted import extraction_dir
+    from ssl_engine.trainer.feature_extraction import check_splits, ensure_writable
+
+    for split in check_splits(cfg.EXTRACT_FEATURES.SPLITS):
+        check_data_paths(cfg, split)
+    ensure_writable(extraction_dir(cfg))
+
+
+@register_engine("extract_features", check_before_launch=check_extract_config)
 def extract_main(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
                  checkpoint_folder: Optional[str] = None,
                  hook_generator: Callable[..., List] = default_hook_generator) -> None:

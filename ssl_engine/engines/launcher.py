@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 
 from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.engines import get_engine
-from ssl_engine.utils.checkpoint import CheckpointError, list_checkpoints
+from ssl_engine.trainer.feature_extraction import ExtractionError
+from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.registry import UnknownNameError
 
 logger = logging.getLogger(__name__)
@@ -69,38 +70,19 @@ def dist_run_id(cfg: AttrDict) -> str:
     return f"file://{os.path.abspath(run_id)}"
 
 
-def _check_checkpoint_dir(cfg: AttrDict) -> None:
-    folder = Path(cfg.CHECKPOINT.DIR)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write_test_{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"config.CHECKPOINT.DIR={folder} is not writable: {err}") from None
-    if (list_checkpoints(folder) and not cfg.CHECKPOINT.AUTO_RESUME
-            and not cfg.CHECKPOINT.OVERWRITE_EXISTING):
-        raise ConfigError(
-            f"config.CHECKPOINT.DIR={folder} already holds checkpoints: set "
-            "config.CHECKPOINT.AUTO_RESUME=true to continue that run, "
-            "config.CHECKPOINT.OVERWRITE_EXISTING=true to start over, or pick another DIR"
-        )
-
-
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
-    """Everything that can be refused before a process starts."""
-    from ssl_engine.data import check_data_paths
+    """Everything that can be refused before a process starts: the names of the engine,
+    task and train step, then the engine's own checks (data paths, output folders)."""
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
 
-    get_engine(engine_name)
+    engine = get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
-    splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
-    for split in splits:
-        check_data_paths(cfg, split)
-    _check_checkpoint_dir(cfg)
+    check = getattr(engine, "check_before_launch", None)
+    if check is not None:
+        check(cfg)
 
 
 @contextlib.contextmanager
@@ -164,7 +146,7 @@ def main(argv: Sequence[str]) -> int:
         engine_name, cfg = load_config(list(argv))
         check_before_launch(engine_name, cfg)
     except (ConfigError, FileNotFoundError, NotADirectoryError, UnknownNameError,
-            CheckpointError, ValueError) as err:
+            CheckpointError, ExtractionError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
@@ -173,7 +155,7 @@ def main(argv: Sequence[str]) -> int:
         last = str(err).strip().splitlines()[-1]
         print(f"error: a process failed: {last}", file=sys.stderr)
         return 1
-    except (CheckpointError, FloatingPointError) as err:
+    except (CheckpointError, ExtractionError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -1,14 +1,38 @@
 """The ``train`` engine: pretraining, supervised training and linear evaluation alike."""
+from pathlib import Path
 from typing import Callable, List, Optional
 
+from ssl_engine.config import ConfigError
 from ssl_engine.engines import register_engine
 from ssl_engine.hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
 from ssl_engine.trainer.trainer import machine_ranks
+from ssl_engine.utils.checkpoint import list_checkpoints
+from ssl_engine.utils.io import writable_folder_error
 from ssl_engine.utils.logger import setup_logging
 
 
-@register_engine("train")
+def check_train_config(cfg) -> None:
+    """The data of every phase exists; CHECKPOINT.DIR is writable and is not another run's."""
+    from ssl_engine.data import check_data_paths
+
+    splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
+    for split in splits:
+        check_data_paths(cfg, split)
+    folder = Path(cfg.CHECKPOINT.DIR)
+    err = writable_folder_error(folder)
+    if err is not None:
+        raise ConfigError(f"config.CHECKPOINT.DIR={folder} is not writable: {err}")
+    if (list_checkpoints(folder) and not cfg.CHECKPOINT.AUTO_RESUME
+            and not cfg.CHECKPOINT.OVERWRITE_EXISTING):
+        raise ConfigError(
+            f"config.CHECKPOINT.DIR={folder} already holds checkpoints: set "
+            "config.CHECKPOINT.AUTO_RESUME=true to continue that run, "
+            "config.CHECKPOINT.OVERWRITE_EXISTING=true to start over, or pick another DIR"
+        )
+
+
+@register_engine("train", check_before_launch=check_train_config)
 def train_main(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
                checkpoint_folder: Optional[str] = None,
                hook_generator: Callable[..., List] = default_hook_generator) -> None:

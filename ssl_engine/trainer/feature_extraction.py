@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 MERGE_CHUNK_BYTES = 8 * 2**20  # rows read and placed at a time by the merge
 WRITE_QUEUE_BATCHES = 4  # batches waiting for the writer thread at most
+from ssl_engine.utils.io import writable_folder_error
+
 SPLITS = ("TRAIN", "TEST")
 
 
@@ -37,12 +39,8 @@ class ExtractionError(RuntimeError):
 def ensure_writable(folder: Path) -> Path:
     """Create ``folder`` and check a file can be written there."""
     folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".extract_write_test_{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
+    err = writable_folder_error(folder)
+    if err is not None:
         raise ExtractionError(
             f"cannot write extracted features to {folder} (EXTRACT_FEATURES.OUTPUT_DIR, or "
             f"CHECKPOINT.DIR when it is empty): {err.strerror or err}"

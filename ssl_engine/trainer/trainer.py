@@ -52,7 +52,7 @@ class SelfSupervisionTrainer:
         task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
         self.task = task_class.from_config(cfg, self.device)
         self.task.set_hooks(hooks or [])
-        self.checkpoint = self._find_checkpoint(checkpoint_path)
+        self.checkpoint_path = checkpoint_path
 
     def _select_device(self) -> torch.device:
         if self.cfg.MACHINE.DEVICE == "gpu":
@@ -78,8 +78,9 @@ class SelfSupervisionTrainer:
 
     def train(self) -> None:
         task = self.task
-        task.prepare(checkpoint=self.checkpoint)
-        if self.checkpoint is not None:
+        checkpoint = self._find_checkpoint(self.checkpoint_path)
+        task.prepare(checkpoint=checkpoint)
+        if checkpoint is not None:
             logger.info("resuming from phase %d, iteration %d", task.phase_idx, task.iteration)
         task.restore_rng_states()
         try:
