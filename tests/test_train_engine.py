@@ -194,3 +194,20 @@ def test_missing_data_path_is_named(tmp_path):
                  f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path}/nowhere]"], tmp_path / "out")
     assert proc.returncode == 2
     assert f"{tmp_path}/nowhere" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_documented_example_step_runs_as_a_plugin(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools/run_distributed_engines.py"),
+         "config=supervised/digits_resnet", f"config.CHECKPOINT.DIR={tmp_path}",
+         "config.TRAINER.TRAIN_STEP_NAME=accumulate_and_clip_step",
+         "config.OPTIMIZER.num_epochs=1", "config.LOG_FREQUENCY=1",
+         "config.DATA.TRAIN.DATA_LIMIT=256", "config.DATA.TEST.DATA_LIMIT=128"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "SSL_ENGINE_PLUGINS": "my_train_step",
+             "PYTHONPATH": str(REPO / "docs/examples")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = metrics(tmp_path)
+    assert [r["iteration"] for r in records if r.get("phase") == "train"] == [1, 2, 3, 4]
+    assert [r["phase_end"] for r in records if "phase_end" in r] == ["train", "test"]

@@ -1,10 +1,13 @@
-"""An example of a user train step: the standard step with gradient-norm clipping.
+"""An example of a user train step: gradient accumulation with gradient-norm clipping.
 
+The batch of every step is split into ``ACCUMULATE`` micro-batches whose gradients add up
+before one clipped optimizer update (for supervised configs: one view per sample). The
+stages it does not change come from the standard step; in train phases it updates no meters.
 Use it with::
 
     SSL_ENGINE_PLUGINS=my_train_step PYTHONPATH=docs/examples \\
-    python tools/run_distributed_engines.py config=quickstart/simclr_digits \\
-        config.TRAINER.TRAIN_STEP_NAME=clipped_train_step
+    python tools/run_distributed_engines.py config=supervised/digits_resnet \\
+        config.TRAINER.TRAIN_STEP_NAME=accumulate_and_clip_step
 """
 import time
 
@@ -12,35 +15,40 @@ import torch
 
 from ssl_engine.hooks import SSLClassyHookFunctions as Event
 from ssl_engine.trainer import register_train_step
-from ssl_engine.trainer.train_steps.standard_train_step import check_loss_is_finite
+from ssl_engine.trainer.train_steps.standard_train_step import (
+    check_loss_is_finite, fetch_batch, forward_loss_and_meters, update,
+)
 
+ACCUMULATE = 2
 MAX_GRAD_NORM = 1.0
 
 
-@register_train_step("clipped_train_step")
-def clipped_train_step(task):
+def micro_batches(batch, parts: int):
+    """Split a supervised batch (one view per sample) into ``parts`` along the batch."""
+    inputs, targets = batch["input"].chunk(parts), batch["target"].chunk(parts)
+    return list(zip(inputs, targets))
+
+
+@register_train_step("accumulate_and_clip_step")
+def accumulate_and_clip_step(task):
     start = time.perf_counter()
-    batch = task.to_device(next(task.data_iterator))  # StopIteration ends the phase
-    task.data_time = time.perf_counter() - start
-    task.last_batch = batch
-
-    with torch.set_grad_enabled(task.train):
-        task.last_model_output = task.model(batch["input"])
-        task.run_hook(Event.on_forward)
-        loss = task.loss(task.last_model_output, batch["target"])
-    check_loss_is_finite(task, loss)
-    task.last_loss = loss.detach()
-    task.losses.append(task.last_loss)
-    task.run_hook(Event.on_loss_and_meter)
-
-    if task.train:
+    batch = fetch_batch(task)  # StopIteration ends the phase
+    if not task.train:
+        forward_loss_and_meters(task, batch)
+    else:
         task.optimizer.zero_grad()
-        loss.backward()
+        total = 0.0
+        parts = micro_batches(batch, ACCUMULATE)
+        for inputs, targets in parts:
+            loss = task.loss(task.model(inputs), targets) / len(parts)
+            check_loss_is_finite(task, loss)
+            loss.backward()
+            total += loss.detach()
+        task.last_loss = total
+        task.losses.append(total)
         task.run_hook(Event.on_backward)
         torch.nn.utils.clip_grad_norm_(task.base_model.parameters(), MAX_GRAD_NORM)
-        task.optimizer.step(where=task.where)
-        task.run_hook(Event.on_update)
-        task.iteration += 1
+        update(task)
     task.iteration_num_in_phase += 1
     task.step_time = time.perf_counter() - start
     return task

@@ -1,4 +1,8 @@
-"""The default step: forward, loss and meters, backward, optimizer and scheduler update."""
+"""The default step: forward, loss and meters, backward, optimizer and scheduler update.
+
+Its stages are functions of their own so that a custom step can reuse the ones it does not
+change (see docs/examples/my_train_step.py).
+"""
 import math
 import time
 
@@ -22,20 +26,22 @@ def check_loss_is_finite(task, loss: torch.Tensor) -> None:
         )
 
 
-@register_train_step("standard_train_step")
-def standard_train_step(task):
-    """One iteration over one batch; raises StopIteration when the phase's data is exhausted."""
+def fetch_batch(task):
+    """The next batch on the task's device (StopIteration at the end of the phase); sets
+    ``task.last_batch`` and ``task.data_time``."""
     start = time.perf_counter()
-    batch = next(task.data_iterator)
-    batch = task.to_device(batch)
+    batch = task.to_device(next(task.data_iterator))
     task.data_time = time.perf_counter() - start
     task.last_batch = batch
+    return batch
 
+
+def forward_loss_and_meters(task, batch) -> torch.Tensor:
+    """Forward pass, loss (refused when not finite) and meter updates, with their hooks."""
     with torch.set_grad_enabled(task.train):
         task.last_model_output = task.model(batch["input"])
         task.run_hook(Event.on_forward)
         loss = task.loss(task.last_model_output, batch["target"])
-
     check_loss_is_finite(task, loss)
     task.last_loss = loss.detach()
     task.losses.append(task.last_loss)
@@ -43,14 +49,27 @@ def standard_train_step(task):
         for meter in task.meters:
             meter.update(task.last_model_output, batch["target"])
     task.run_hook(Event.on_loss_and_meter)
+    return loss
 
+
+def update(task) -> None:
+    """Optimizer step at the current schedule position, then count the update."""
+    task.optimizer.step(where=task.where)
+    task.run_hook(Event.on_update)
+    task.iteration += 1
+
+
+@register_train_step("standard_train_step")
+def standard_train_step(task):
+    """One iteration over one batch; raises StopIteration when the phase's data is exhausted."""
+    start = time.perf_counter()
+    batch = fetch_batch(task)
+    loss = forward_loss_and_meters(task, batch)
     if task.train:
         task.optimizer.zero_grad()
         loss.backward()
         task.run_hook(Event.on_backward)
-        task.optimizer.step(where=task.where)
-        task.run_hook(Event.on_update)
-        task.iteration += 1
+        update(task)
     task.iteration_num_in_phase += 1
     task.step_time = time.perf_counter() - start
     return task
