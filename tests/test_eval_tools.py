@@ -3,6 +3,9 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from ssl_engine.evaluation.extracted import extracted_paths, load_extracted
 from ssl_engine.evaluation.knn import knn_classify
 from ssl_engine.evaluation.low_shot import low_shot_eval
@@ -76,3 +79,31 @@ def test_tool_reports_a_layer_the_config_does_not_extract(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "layer 'res3' is not extracted by this config; its layers are: res4, res5avg" in err
     assert not any(p.suffix == ".npy" for p in tmp_path.iterdir())
+
+
+def test_features_of_other_weights_are_not_reused(tmp_path):
+    """Features extracted from one checkpoint are re-extracted when another is asked for."""
+    from ssl_engine.config import load_config
+    from ssl_engine.evaluation.extracted import get_or_extract, has_extracted
+    from ssl_engine.models import build_model
+
+    weights = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        _, cfg = load_config([CONFIG, *TINY, f"config.CHECKPOINT.DIR={tmp_path}"])
+        path = tmp_path / f"weights{seed}.torch"
+        torch.save(build_model(cfg.MODEL).state_dict(), path)
+        weights.append(path)
+
+    def config_for(path):
+        _, cfg = load_config([CONFIG, *TINY, f"config.CHECKPOINT.DIR={tmp_path}",
+                              f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={path}",
+                              "config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME=''"])
+        return cfg
+
+    first = get_or_extract(config_for(weights[0]), "res5avg")
+    assert has_extracted(tmp_path, "train", "res5avg", config_for(weights[0]))
+    assert not has_extracted(tmp_path, "train", "res5avg", config_for(weights[1]))
+    second = get_or_extract(config_for(weights[1]), "res5avg")
+    assert not np.array_equal(first["TRAIN"].features, second["TRAIN"].features)
+    np.testing.assert_array_equal(first["TRAIN"].inds, second["TRAIN"].inds)

@@ -6,6 +6,7 @@ or ``CHECKPOINT.DIR`` when empty): ``<split>_<layer>_features.npy`` (float32, N 
 ``<split>_<layer>_targets.npy`` and ``<split>_<layer>_inds.npy`` (int64, N), row i holding
 dataset index i.  The engine only ever gives these names to complete files.
 """
+import json
 import logging
 import sys
 from pathlib import Path
@@ -36,8 +37,49 @@ def extracted_paths(folder, split: str, layer: str) -> Dict[str, Path]:
     return {kind: Path(folder) / f"{stem}_{kind}.npy" for kind in FILE_KINDS}
 
 
-def has_extracted(folder, split: str, layer: str) -> bool:
-    return all(path.is_file() for path in extracted_paths(folder, split, layer).values())
+def signature_path(folder, split: str) -> Path:
+    return Path(folder) / f"{split.lower()}_extraction.json"
+
+
+def extraction_signature(cfg, split: str) -> Dict[str, object]:
+    """What the features of ``split`` depend on: the model settings, the weights file (path,
+    size, modification time), the split's data settings and the seed."""
+    weights = cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE
+    weights_id = None
+    if weights:
+        stat = Path(weights).stat()
+        weights_id = {"path": str(Path(weights).resolve()), "size": stat.st_size,
+                      "mtime_ns": stat.st_mtime_ns}
+    data_keys = ("DATA_SOURCES", "DATA_PATHS", "LABEL_PATHS", "LABEL_TYPE", "TRANSFORMS",
+                 "DATA_LIMIT", "SYNTHETIC")
+    return json.loads(json.dumps({
+        "model": cfg.MODEL.to_dict(),
+        "weights": weights_id,
+        "data": {key: cfg.DATA[split.upper()][key] for key in data_keys},
+        "seed": cfg.SEED_VALUE,
+    }))
+
+
+def write_signature(folder, cfg, split: str) -> None:
+    """Record what the files of ``split`` were extracted from (written after them)."""
+    path = signature_path(folder, split)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(extraction_signature(cfg, split), indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def has_extracted(folder, split: str, layer: str, cfg=None) -> bool:
+    """All three files of ``split`` and ``layer`` exist and, when ``cfg`` is given, were
+    extracted with the same model, weights, data settings and seed as ``cfg`` asks for."""
+    if not all(path.is_file() for path in extracted_paths(folder, split, layer).values()):
+        return False
+    if cfg is None:
+        return True
+    try:
+        recorded = json.loads(signature_path(folder, split).read_text())
+    except (OSError, ValueError):
+        return False
+    return recorded == extraction_signature(cfg, split)
 
 
 def load_extracted(folder, split: str, layer: str, mmap: bool = False) -> ExtractedFeatures:
@@ -70,12 +112,13 @@ def evaluation_layer(cfg, requested: str = "") -> str:
 
 def get_or_extract(cfg, layer: str, splits: Sequence[str] = SPLITS) -> Dict[str, ExtractedFeatures]:
     """The features of ``layer`` for ``splits``, loaded from the extraction folder; when any is
-    missing, the ``extract_features`` engine runs first (in this process or the processes
+    missing or was extracted from other weights, model or data settings (see
+    ``has_extracted``), the ``extract_features`` engine runs first (in this process or the processes
     ``DISTRIBUTED.NUM_PROC_PER_NODE`` asks for)."""
     from ssl_engine.engines.launcher import check_before_launch, launch_distributed
 
     folder = extraction_dir(cfg)
-    missing = [split for split in splits if not has_extracted(folder, split, layer)]
+    missing = [split for split in splits if not has_extracted(folder, split, layer, cfg)]
     if missing:
         logger.info("extracting features of %s into %s", ", ".join(missing), folder)
         cfg.EXTRACT_FEATURES.SPLITS = list(missing)

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ssl_engine.evaluation.extracted import extracted_paths
+from ssl_engine.evaluation.extracted import extracted_paths, signature_path, write_signature
 from ssl_engine.evaluation.features import feature_batches
 from ssl_engine.utils.distributed import (broadcast_object, get_rank, get_world_size,
                                           is_distributed)
@@ -348,9 +348,13 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
         loader = build_dataloader(dataset, split_cfg, num_workers=cfg.DATA.NUM_DATALOADER_WORKERS,
                                   pin_memory=cfg.DATA.PIN_MEMORY and device.type == "cuda",
                                   epoch=0, seed=cfg.SEED_VALUE, shuffle=False)
+        if get_rank() == 0:  # files being replaced no longer match any recorded signature
+            signature_path(folder, split).unlink(missing_ok=True)
         logger.info("extracting %s (%d samples) layers %s into %s", split.lower(), len(dataset),
                     ", ".join(layers), folder)
         extract_split(model.extract_layers, loader, layers, folder, split, len(dataset),
                       len(loader.sampler), device)
         written[split.lower()] = {layer: extracted_paths(folder, split, layer) for layer in layers}
+        if get_rank() == 0:
+            write_signature(folder, cfg, split)
     return written
