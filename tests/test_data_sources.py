@@ -236,3 +236,16 @@ def test_list_length_mismatch_and_source_count():
 def test_registered_source_names():
     expected = {"synthetic", "disk_folder", "disk_filelist", "digits"}
     assert expected <= set(DATASOURCE_REGISTRY.names())
+
+
+def test_label_sources_other_than_the_data_source_are_refused():
+    from ssl_engine.data import check_data_paths
+
+    cfg = make_cfg("TRAIN", DATA_SOURCES=["synthetic"], DATA_PATHS=[""],
+                   LABEL_SOURCES=["disk_filelist"])
+    with pytest.raises(ValueError, match=r"config.DATA.TRAIN.LABEL_SOURCES=\['disk_filelist'\]: "
+                                         "labels come from the data source itself"):
+        check_data_paths(cfg, "TRAIN")
+    cfg = make_cfg("TRAIN", DATA_SOURCES=["synthetic"], DATA_PATHS=[""],
+                   LABEL_SOURCES=["synthetic"])
+    check_data_paths(cfg, "TRAIN")  # the same as the data source: accepted

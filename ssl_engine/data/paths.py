@@ -50,6 +50,13 @@ def _require_exists(path: str, key: str) -> None:
 def check_data_paths(cfg, split: str) -> None:
     """Refuse unknown source names, mismatched list lengths and missing files of ``split``."""
     classes = source_classes(cfg, split)
+    label_sources = list(cfg.DATA[split].LABEL_SOURCES)
+    if label_sources and label_sources != list(cfg.DATA[split].DATA_SOURCES):
+        raise ValueError(
+            f"config.DATA.{split}.LABEL_SOURCES={label_sources}: labels come from the data "
+            f"source itself (leave it empty or equal to DATA_SOURCES); for disk_filelist give "
+            f"the labels in config.DATA.{split}.LABEL_PATHS"
+        )
     paths = source_paths(cfg, split, classes)
     for index, (cls, path) in enumerate(zip(classes, paths)):
         if cls.needs_path:

@@ -1,4 +1,5 @@
 """The dataset of one split: a data source, label rule, limit and the seeded transform chain."""
+import logging
 from typing import Any, Dict
 
 import torch
@@ -8,6 +9,8 @@ from torchvision.transforms.functional import to_tensor
 from ssl_engine.data.paths import check_data_paths, source_classes, source_paths
 from ssl_engine.data.seeding import sample_seed, seeded_rngs
 from ssl_engine.data.transforms import build_transforms
+
+logger = logging.getLogger(__name__)
 
 LABEL_TYPES = ("standard", "sample_index")
 
@@ -65,4 +68,8 @@ class GenericSSLDataset(Dataset):
 
 def build_dataset(cfg, split: str) -> GenericSSLDataset:
     """The dataset of ``cfg.DATA.<split>`` (split: "TRAIN" or "TEST")."""
-    return GenericSSLDataset(cfg, split)
+    dataset = GenericSSLDataset(cfg, split)
+    split_cfg = cfg.DATA[split]
+    name = ", ".join(split_cfg.DATASET_NAMES or split_cfg.DATA_SOURCES)
+    logger.info("%s data: %s, %d samples", split.lower(), name, len(dataset))
+    return dataset
