@@ -161,3 +161,20 @@ def test_two_processes_gather_every_sample_once_in_order(tmp_path):
         pixels, labels = raw_pixels(split)
         assert torch.equal(result[split].features["pixels"], pixels[:size])
         assert torch.equal(result[split].targets, labels[:size])
+
+
+def test_knn_hook_without_test_phases_is_refused_before_launch(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tools/run_distributed_engines.py"),
+         "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path}",
+         "config.HOOKS.KNN_EVAL.USE_KNN_EVAL=true"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "error: config.HOOKS.KNN_EVAL.USE_KNN_EVAL runs at the end of test phases" in proc.stderr
+    assert "Traceback" not in proc.stderr

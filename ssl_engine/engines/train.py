@@ -13,9 +13,11 @@ from ssl_engine.utils.logger import setup_logging
 
 
 def check_train_config(cfg) -> None:
-    """The data of every phase exists; CHECKPOINT.DIR is writable and is not another run's."""
+    """The data of every phase exists; the hooks the config asks for accept it; CHECKPOINT.DIR
+    is writable and is not another run's."""
     from ssl_engine.data import check_data_paths
 
+    default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
     for split in splits:
         check_data_paths(cfg, split)
