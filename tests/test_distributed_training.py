@@ -28,3 +28,29 @@ def test_file_init_method_two_processes(tmp_path):
                                    "config.DISTRIBUTED.INIT_METHOD=file",
                                    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"])
     assert sorted(step_losses(tmp_path)) == [1, 2, 3]
+
+
+def test_torchrun_world_is_joined_not_respawned(tmp_path):
+    """Under torchrun the launcher joins the 2-process world torchrun made; it trains exactly
+    like the launcher's own 2 processes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ssl_engine.engines.launcher import find_free_port
+
+    repo = Path(__file__).resolve().parents[1]
+    overrides = ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4", "config.LOG_FREQUENCY=1",
+                 "config.OPTIMIZER.num_epochs=1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         f"--master_port={find_free_port()}", str(repo / "tools/run_distributed_engines.py"),
+         "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path / 'torchrun'}",
+         *overrides],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (tmp_path / "torchrun" / "log.txt").read_text()
+    assert "world=2 init=env://" in log
+    run_engine(tmp_path / "spawned", overrides + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
+    assert step_losses(tmp_path / "torchrun") == step_losses(tmp_path / "spawned")
