@@ -211,3 +211,30 @@ def test_documented_example_step_runs_as_a_plugin(tmp_path):
     records = metrics(tmp_path)
     assert [r["iteration"] for r in records if r.get("phase") == "train"] == [1, 2, 3, 4]
     assert [r["phase_end"] for r in records if "phase_end" in r] == ["train", "test"]
+
+
+def test_diverging_run_stops_with_one_message(tmp_path):
+    proc = _cli(["config.OPTIMIZER.param_schedulers.lr.start_value=1e12",
+                 "config.OPTIMIZER.param_schedulers.lr.end_value=1e12"], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: loss is nan at iteration 1 (phase 0, iteration 1 of the phase); lower the "
+        "learning rate or check the data. Checkpoints already written are intact."]
+    assert "Traceback" not in proc.stdout
+
+
+def test_corrupt_image_stops_training_naming_the_file(tmp_path):
+    from PIL import Image
+
+    for cls in ("a", "b"):
+        for i in range(4):
+            path = tmp_path / "images" / cls / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (24, 24), color=(40 * i, 80, 120)).save(path)
+    broken = tmp_path / "images" / "b" / "2.png"
+    broken.write_bytes(b"not a png")
+    proc = _cli(["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                 f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path / 'images'}]"], tmp_path / "out")
+    assert proc.returncode == 1
+    assert f"cannot read image {broken}" in proc.stderr
+    assert "Traceback" not in proc.stderr

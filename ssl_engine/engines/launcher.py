@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.engines import get_engine
 from ssl_engine.trainer.feature_extraction import ExtractionError
+from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.registry import UnknownNameError
 
@@ -155,7 +156,7 @@ def main(argv: Sequence[str]) -> int:
         last = str(err).strip().splitlines()[-1]
         print(f"error: a process failed: {last}", file=sys.stderr)
         return 1
-    except (CheckpointError, ExtractionError, FloatingPointError) as err:
+    except (ExtractionError, *USER_ERRORS) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -8,12 +8,17 @@ import torch.distributed as dist
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.utils import rng
-from ssl_engine.utils.checkpoint import load_checkpoint, load_latest_checkpoint
+from ssl_engine.data.datasources.image_io import ImageLoadError
+from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.distributed import get_rank
 from ssl_engine.utils.registry import lookup
 
 logger = logging.getLogger(__name__)
+
+# Errors a user causes (bad data, a diverging run, an unreadable checkpoint), reported as
+# one message, beside what was already saved.
+USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError)
 
 
 def machine_ranks():
@@ -96,6 +101,10 @@ class SelfSupervisionTrainer:
                     meter.sync_state()
                 task.on_phase_end()
             task.on_end()
+        except USER_ERRORS as err:  # their message says it all: no traceback
+            logger.error("training stopped on rank %d: %s", get_rank(), err)
+            task.run_hook(Event.on_exception)
+            raise
         except BaseException:
             logger.exception("training failed on rank %d", get_rank())
             task.run_hook(Event.on_exception)
