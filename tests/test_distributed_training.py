@@ -54,3 +54,28 @@ def test_torchrun_world_is_joined_not_respawned(tmp_path):
     assert "world=2 init=env://" in log
     run_engine(tmp_path / "spawned", overrides + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
     assert step_losses(tmp_path / "torchrun") == step_losses(tmp_path / "spawned")
+
+
+def test_a_dead_rank_ends_the_run_with_one_message(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tools/run_distributed_engines.py"),
+         "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path}",
+         "config.DISTRIBUTED.NUM_PROC_PER_NODE=2", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+         "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
+         "config.TRAINER.TRAIN_STEP_NAME=kill_after_iteration"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "SSL_ENGINE_PLUGINS": "plugins.kill_step",
+             "PYTHONPATH": str(repo / "tests"), "SSL_ENGINE_TEST_KILL_AT": "3",
+             "SSL_ENGINE_TEST_KILL_RANK": "1"},
+    )
+    assert proc.returncode == 1
+    assert "error: process 1 terminated with signal SIGKILL; the other processes were stopped" \
+        in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert os.readlink(tmp_path / "checkpoint.torch") == "model_iteration2.torch"

@@ -156,6 +156,10 @@ def main(argv: Sequence[str]) -> int:
         last = str(err).strip().splitlines()[-1]
         print(f"error: a process failed: {last}", file=sys.stderr)
         return 1
+    except mp.ProcessExitedException as err:  # a rank died without raising (killed, OOM)
+        print(f"error: {err}; the other processes were stopped. Checkpoints already written "
+              "are intact: run again with config.CHECKPOINT.AUTO_RESUME=true", file=sys.stderr)
+        return 1
     except (ExtractionError, *USER_ERRORS) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

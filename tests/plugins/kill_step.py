@@ -1,7 +1,10 @@
-"""A train step that SIGKILLs its own process after iteration $SSL_ENGINE_TEST_KILL_AT, for the
-crash-and-resume tests: the standard step, then a hard kill (no clean-up, as in a crash)."""
+"""A train step that SIGKILLs its own process after iteration $SSL_ENGINE_TEST_KILL_AT (only on
+rank $SSL_ENGINE_TEST_KILL_RANK when that is set), for the crash tests: the standard step,
+then a hard kill (no clean-up, as in a crash)."""
 import os
 import signal
+
+import torch.distributed as dist
 
 from ssl_engine.trainer import register_train_step
 from ssl_engine.trainer.train_steps.standard_train_step import standard_train_step
@@ -10,6 +13,8 @@ from ssl_engine.trainer.train_steps.standard_train_step import standard_train_st
 @register_train_step("kill_after_iteration")
 def kill_after_iteration(task):
     standard_train_step(task)
-    if task.train and task.iteration == int(os.environ["SSL_ENGINE_TEST_KILL_AT"]):
+    rank = os.environ.get("SSL_ENGINE_TEST_KILL_RANK")
+    this_rank = rank is None or int(rank) == dist.get_rank()
+    if task.train and this_rank and task.iteration == int(os.environ["SSL_ENGINE_TEST_KILL_AT"]):
         os.kill(os.getpid(), signal.SIGKILL)
     return task
