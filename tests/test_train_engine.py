@@ -238,3 +238,23 @@ def test_corrupt_image_stops_training_naming_the_file(tmp_path):
     assert proc.returncode == 1
     assert f"cannot read image {broken}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_corrupt_latest_checkpoint_refused_then_previous_resumes(tmp_path):
+    run_engine(tmp_path, ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
+                          "config.OPTIMIZER.num_epochs=1"])
+    latest = tmp_path / "model_final_checkpoint_phase0.torch"
+    latest.write_bytes(latest.read_bytes()[:1000])  # truncated after the fact (disk trouble)
+    proc = _cli(["config.OPTIMIZER.num_epochs=1"], tmp_path)
+    assert proc.returncode == 1
+    assert f"checkpoint {latest} is corrupt or unreadable" in proc.stderr
+    assert "the previous checkpoint" in proc.stderr and "model_iteration4.torch is intact" \
+        in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # as the message says: move the broken file and the link away; the run resumes from the
+    # previous checkpoint (iteration 4, the end of the epoch) and ends complete
+    os.remove(latest)
+    os.remove(tmp_path / "checkpoint.torch")
+    proc = _cli(["config.OPTIMIZER.num_epochs=1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert load_checkpoint(tmp_path / "model_final_checkpoint_phase0.torch")["iteration"] == 4
