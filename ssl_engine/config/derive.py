@@ -4,6 +4,7 @@ import os
 
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.config.errors import ConfigError
+from ssl_engine.config.validate import get_dotted
 
 logger = logging.getLogger(__name__)
 
@@ -26,21 +27,14 @@ _POSITIVE = (
 )
 
 
-def _get(cfg: AttrDict, dotted: str):
-    node = cfg
-    for part in dotted.split("."):
-        node = node[part]
-    return node
-
-
 def _check_choices(cfg: AttrDict) -> None:
     for key, allowed in _CHOICES.items():
-        value = _get(cfg, key)
+        value = get_dotted(cfg, key)
         if value not in allowed:
             raise ConfigError(f"config.{key}={value!r} is not one of {', '.join(allowed)}")
     for key in _POSITIVE:
-        if _get(cfg, key) < 1:
-            raise ConfigError(f"config.{key} must be at least 1, got {_get(cfg, key)}")
+        if get_dotted(cfg, key) < 1:
+            raise ConfigError(f"config.{key} must be at least 1, got {get_dotted(cfg, key)}")
     if cfg.DATA.NUM_DATALOADER_WORKERS < 0:
         raise ConfigError("config.DATA.NUM_DATALOADER_WORKERS must be >= 0")
 

@@ -39,7 +39,8 @@ def _flat_keys(node: Any) -> List[str]:
     return [path for path, _ in _walk(node, "")]
 
 
-def _get(node: Any, path: str):
+def get_dotted(node: Any, path: str):
+    """``node[a][b][c]`` for ``path`` "a.b.c"; KeyError if any part is missing."""
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
             raise KeyError(path)
@@ -80,7 +81,7 @@ def _unknown_key_error(path: str, schema: dict) -> ConfigError:
     parent = path.rsplit(".", 1)[0]
     siblings = []
     try:
-        siblings = [f"{parent}.{k}" for k in _get(schema, parent)]
+        siblings = [f"{parent}.{k}" for k in get_dotted(schema, parent)]
     except KeyError:
         pass
     suggestion = closest_name(path, siblings) or closest_name(path, _flat_keys(schema))
@@ -95,7 +96,7 @@ def _under_new_extension(path: str, schema: dict) -> bool:
         if path.startswith(section + "."):
             sub = path[len(section) + 1:].split(".")[0]
             try:
-                _get(schema, f"{section}.{sub}")
+                get_dotted(schema, f"{section}.{sub}")
             except KeyError:
                 return True
     return False
@@ -106,7 +107,7 @@ def check_key(path: str, schema: dict) -> None:
     if _is_open(path) or _under_new_extension(path, schema):
         return
     try:
-        _get(schema, path)
+        get_dotted(schema, path)
     except KeyError:
         raise _unknown_key_error(path, schema) from None
 
@@ -117,7 +118,7 @@ def validate_config(cfg: dict, schema: dict) -> None:
         if _is_open(path) or _under_new_extension(path, schema):
             continue
         try:
-            default = _get(schema, path)
+            default = get_dotted(schema, path)
         except KeyError:
             raise _unknown_key_error(path, schema) from None
         if not _type_ok(default, value):

@@ -14,10 +14,11 @@ from typing import Callable, Dict, NamedTuple, Sequence
 
 import numpy as np
 
+from ssl_engine.data.paths import SPLITS
+
 logger = logging.getLogger(__name__)
 
 FILE_KINDS = ("features", "targets", "inds")
-SPLITS = ("TRAIN", "TEST")
 
 
 class ExtractedFeatures(NamedTuple):

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ssl_engine.data.paths import SPLITS
 from ssl_engine.evaluation.features import FeaturesFn, feature_batches
 from ssl_engine.utils import rng
 from ssl_engine.utils.distributed import gather_from_all, is_primary
 
-SPLITS = ("TRAIN", "TEST")
 
 
 class LabelledFeatures(NamedTuple):

@@ -27,9 +27,9 @@ logger = logging.getLogger(__name__)
 
 MERGE_CHUNK_BYTES = 8 * 2**20  # rows read and placed at a time by the merge
 WRITE_QUEUE_BATCHES = 4  # batches waiting for the writer thread at most
-from ssl_engine.utils.io import writable_folder_error
+from ssl_engine.data.paths import SPLITS
+from ssl_engine.utils.io import fsync_dir, writable_folder_error
 
-SPLITS = ("TRAIN", "TEST")
 
 
 class ExtractionError(RuntimeError):
@@ -61,14 +61,6 @@ def temporary(path: Path, rank: Optional[int] = None) -> Path:
     """The temporary name of ``path`` while it is written (by ``rank``, or by the merge)."""
     tag = "" if rank is None else f".rank{rank}"
     return path.with_name(f".{path.name}{tag}.tmp")
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------- writing
@@ -194,12 +186,6 @@ def _npy_layout(path: Path):
     return layout
 
 
-def _chunk_rows(path: Path) -> int:
-    dtype, row_shape, _ = _npy_layout(path)
-    row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
-    return max(1, MERGE_CHUNK_BYTES // max(row_bytes, 1))
-
-
 def _contiguous_runs(positions: np.ndarray):
     """(start, stop) in ``positions`` of its runs of consecutive values."""
     breaks = np.flatnonzero(np.diff(positions) != 1) + 1
@@ -216,7 +202,7 @@ def merge_rank_files(final: Path, sources: Sequence[Path], source_inds: Sequence
     occurrence, to the same place; an index found nowhere is an error."""
     dtype, row_shape, _ = _npy_layout(sources[0])
     row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
-    chunk = _chunk_rows(sources[0])
+    chunk = max(1, MERGE_CHUNK_BYTES // max(row_bytes, 1))
     tmp = temporary(final)
     created = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype,
                                         shape=(num_samples, *row_shape))
@@ -280,7 +266,7 @@ def _merge_split(folder: Path, split: str, layers: Sequence[str], world: int,
         paths = extracted_paths(folder, split, layer)
         for kind in ("inds", "targets", "features"):  # features last: a split/layer is complete
             os.replace(temporary(paths[kind]), paths[kind])  # once its features file exists
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def _remove_temporaries(folder: Path, split: str, layers: Sequence[str], tags) -> None:

@@ -13,6 +13,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ssl_engine.utils.io import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 LATEST_NAME = "checkpoint.torch"
@@ -21,19 +23,6 @@ _NAME_ORDER = re.compile(r"model_(final_checkpoint_)?(phase|iteration)(\d+)\.tor
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable or not a checkpoint of this engine."""
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -51,7 +40,7 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def point_latest_to(folder: Path, filename: str) -> None:
@@ -62,7 +51,7 @@ def point_latest_to(folder: Path, filename: str) -> None:
         tmp.unlink()
     os.symlink(filename, tmp)
     os.replace(tmp, folder / LATEST_NAME)
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def save_checkpoint(folder: Path, filename: str, state: Dict[str, Any]) -> Path:
