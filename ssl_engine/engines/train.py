@@ -17,7 +17,10 @@ def check_train_config(cfg) -> None:
     is writable and is not another run's."""
     from ssl_engine.data import check_data_paths
 
+    from ssl_engine.models.sync_bn import check_sync_bn_config
+
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
+    check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
     splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
     for split in splits:
         check_data_paths(cfg, split)

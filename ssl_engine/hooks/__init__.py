@@ -15,7 +15,7 @@ __all__ = ["CheckpointHook", "FeatureReportHook", "KnnEvalHook", "LogLossLrEtaHo
 
 def default_hook_generator(cfg) -> List[SSLHook]:
     """The hooks every run gets: logging, checkpoints (when training), then TensorBoard, the
-    online k-NN evaluation and the final feature report when asked."""
+    online k-NN evaluation and the final feature report when asked, then the loss's own."""
     hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
@@ -28,4 +28,14 @@ def default_hook_generator(cfg) -> List[SSLHook]:
         hooks.append(KnnEvalHook(cfg))
     if cfg.HOOKS.FEATURE_REPORT.ENABLED:
         hooks.append(FeatureReportHook(cfg))
-    return hooks
+    return hooks + loss_hooks(cfg)
+
+
+def loss_hooks(cfg) -> List[SSLHook]:
+    """The hooks the loss of ``cfg.LOSS.name`` works with (its ``build_hooks``), e.g. the one
+    that runs and updates a momentum target network."""
+    from ssl_engine.losses import LOSS_REGISTRY
+    from ssl_engine.utils.registry import lookup
+
+    build_hooks = getattr(lookup(LOSS_REGISTRY, cfg.LOSS.name, "loss"), "build_hooks", None)
+    return list(build_hooks()) if build_hooks is not None else []

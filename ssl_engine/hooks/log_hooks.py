@@ -34,6 +34,17 @@ def mean_loss(losses) -> float:
     return float(all_reduce_mean(torch.stack(list(losses)).float().mean()))
 
 
+def mean_loss_terms(loss_terms) -> Dict[str, float]:
+    """Each named loss term (see ``task.loss_terms``) averaged over steps, then over ranks;
+    the names are the same on every rank, so every rank takes part in the same reductions."""
+    names = sorted({name for terms in loss_terms for name in terms})
+    if not names:
+        return {}
+    means = torch.stack([torch.stack([terms[name].float() for terms in loss_terms
+                                      if name in terms]).mean() for name in names])
+    return dict(zip(names, all_reduce_mean(means).tolist()))
+
+
 def append_metrics(folder: str, record: Dict[str, Any]) -> None:
     with open(Path(folder) / "metrics.json", "a") as handle:
         handle.write(json.dumps(record) + "\n")
@@ -80,6 +91,7 @@ class LogLossLrEtaHook(SSLHook):
         if count % self.log_frequency and not last_of_phase:
             return
         loss = mean_loss(task.losses[-self._window_steps:])
+        terms = mean_loss_terms(task.loss_terms[-self._window_steps:])
         elapsed = time.perf_counter() - self._window_start
         batch = task.last_batch["target"].shape[0] * get_world_size()
         record = {
@@ -89,6 +101,7 @@ class LogLossLrEtaHook(SSLHook):
             "iteration": task.iteration,
             "iteration_in_phase": task.iteration_num_in_phase,
             "loss": loss,
+            **({"loss_terms": terms} if terms else {}),
             "lr": task.optimizer.get_lr() if task.optimizer else None,
             "images_per_sec": batch * self._window_steps / max(elapsed, 1e-9),
             "data_time": self._window_data_time / self._window_steps,
@@ -101,11 +114,12 @@ class LogLossLrEtaHook(SSLHook):
         eta = record["eta_seconds"]
         eta_text = str(datetime.timedelta(seconds=int(eta))) if eta is not None and eta == eta else "-"
         lr_text = f"{record['lr']:.5g}" if record["lr"] is not None else "-"
+        terms_text = "".join(f" ({name} {value:.4f})" for name, value in terms.items())
         logger.info(
-            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f | lr %s | %.1f img/s | "
+            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s | lr %s | %.1f img/s | "
             "data %.3fs | eta %s | peak mem %.0f MiB",
             record["phase"], task.phase_idx, task.iteration, task.iteration_num_in_phase,
-            task.num_iters_in_phase, loss, lr_text, record["images_per_sec"],
+            task.num_iters_in_phase, loss, terms_text, lr_text, record["images_per_sec"],
             record["data_time"], eta_text, record["peak_mem_mb"],
         )
         append_metrics(self.output_dir, record)
@@ -117,6 +131,7 @@ class LogLossLrEtaHook(SSLHook):
             "train_phase_idx": task.train_phase_idx,
             "iteration": task.iteration,
             "loss_avg": mean_loss(task.losses),
+            "loss_terms_avg": mean_loss_terms(task.loss_terms),
             "meters": meter_values(task),
             "phase_time_seconds": time.perf_counter() - self._phase_start,
         }

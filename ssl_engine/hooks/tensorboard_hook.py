@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.log_hooks import mean_loss
+from ssl_engine.hooks.log_hooks import mean_loss, mean_loss_terms
 from ssl_engine.utils.distributed import is_primary
 
 
@@ -35,18 +35,24 @@ class TensorboardHook(SSLHook):
         if not task.train or task.iteration % self.log_frequency:
             return
         loss = mean_loss(task.losses[-self.log_frequency:])  # collective: every rank
+        terms = mean_loss_terms(task.loss_terms[-self.log_frequency:])
         if self.writer is None:
             return
         self.writer.add_scalar("Losses/train_loss", loss, task.iteration)
+        for name, value in terms.items():
+            self.writer.add_scalar(f"Losses/train_{name}", value, task.iteration)
         if task.optimizer is not None:
             self.writer.add_scalar("Optimizer/lr", task.optimizer.get_lr(), task.iteration)
 
     def on_phase_end(self, task) -> None:
         loss = mean_loss(task.losses)
+        terms = mean_loss_terms(task.loss_terms)
         if self.writer is None:
             return
         step = task.train_phase_idx
         self.writer.add_scalar(f"Losses/{task.phase_type}_loss_avg", loss, step)
+        for name, value in terms.items():
+            self.writer.add_scalar(f"Losses/{task.phase_type}_{name}_avg", value, step)
         for meter in task.meters:
             for tag, value in _flatten(f"Meters/{task.phase_type}/{meter.name}", meter.value,
                                        {}).items():

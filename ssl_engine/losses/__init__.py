@@ -15,6 +15,12 @@ from ssl_engine.losses.cross_entropy_multiple_output_single_target import (  # n
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
 from ssl_engine.losses.simclr_info_nce_loss import SimclrInfoNCELoss  # noqa: E402
+from ssl_engine.losses.moco_loss import MoCoLoss  # noqa: E402
+from ssl_engine.losses.moco_v3_loss import MoCoV3Loss  # noqa: E402
+from ssl_engine.losses.byol_loss import BYOLLoss  # noqa: E402
+from ssl_engine.losses.simsiam_loss import SimSiamLoss  # noqa: E402
+from ssl_engine.losses.barlow_twins_loss import BarlowTwinsLoss  # noqa: E402
+from ssl_engine.losses.vicreg_loss import VICRegLoss  # noqa: E402
 
 
 def build_loss(loss_cfg) -> ClassyLoss:
@@ -26,6 +32,13 @@ def build_loss(loss_cfg) -> ClassyLoss:
 
 __all__ = [
     "build_loss",
+    "LOSS_REGISTRY",
+    "BarlowTwinsLoss",
+    "BYOLLoss",
+    "MoCoLoss",
+    "MoCoV3Loss",
+    "SimSiamLoss",
+    "VICRegLoss",
     "CrossEntropyMultipleOutputSingleTargetLoss",
     "SimclrInfoNCELoss",
 ]

@@ -1,5 +1,6 @@
 """The SSL model: a trunk run on every input crop, then heads (chained, or one per evaluated
 stage in feature evaluation)."""
+import copy
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -47,8 +48,10 @@ class BaseSSLMultiInputOutputModel(nn.Module):
 
     ``forward`` takes one batch [N, C, H, W] or a list of batches (multi-crop, any resolutions):
     the trunk runs on each, the outputs are concatenated along dim 0 in input order, and the
-    heads run once on the result, one after the other.  It returns a list of outputs (one: the
-    last head's output, or the flattened trunk output when there are no heads).
+    heads run once on the result, one after the other.  It returns a list of outputs: those of
+    the heads listed in MODEL.HEAD.OUTPUT_HEADS (default: the last head only), or the flattened
+    trunk output when there are no heads.  Listing two heads gives a method both, e.g. the
+    projection and the prediction of SimSiam.
 
     With MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON and a LINEAR_EVAL_FEAT_POOL_OPS_MAP, the trunk
     outputs the listed stages, each pooled and flattened; head i is applied to stage i and the
@@ -63,6 +66,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.heads = nn.ModuleList(
             build_head(index, entry) for index, entry in enumerate(model_cfg.HEAD.PARAMS)
         )
+        self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
         self.eval_settings = FeatureEvalSettings.from_model_cfg(model_cfg)
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
         self._check_eval_settings()
@@ -71,6 +75,14 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         elif self.eval_settings.freeze_trunk_only:
             freeze(self.trunk)
         self.train()
+
+    def _check_output_heads(self, indices) -> List[int]:
+        indices = [int(i) for i in indices]
+        count = len(self.heads)
+        if not indices or (count and any(not -count <= i < count for i in indices)):
+            raise ValueError(f"MODEL.HEAD.OUTPUT_HEADS={indices} must list indices of the "
+                             f"{count} head(s) of MODEL.HEAD.PARAMS")
+        return indices
 
     def _check_eval_settings(self) -> None:
         stages = self.eval_settings.stages
@@ -132,9 +144,20 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         (output,) = self.extract_features(x).values()
         if not self.heads:
             return [torch.flatten(output, 1)]
+        head_outputs = []
         for head in self.heads:
             output = head(output)
-        return [output]
+            head_outputs.append(output)
+        return [head_outputs[index] for index in self.output_heads]
+
+    def target_copy(self, num_heads: int) -> "BaseSSLMultiInputOutputModel":
+        """A frozen copy of the trunk and the first ``num_heads`` heads that outputs the last
+        of them: the momentum (target) network of BYOL or MoCo, which has no predictor."""
+        target = copy.deepcopy(self)
+        target.heads = nn.ModuleList(list(target.heads)[:num_heads])
+        target.output_heads = [-1]
+        freeze(target)
+        return target
 
     def extract_layer_names(self) -> List[str]:
         """The names ``extract_layers`` returns, in order: trunk stages with
@@ -147,7 +170,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 f"the model has no heads to extract features from; set "
                 f"{SETTINGS}.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"
             )
-        num_outputs = len(self.heads) if settings.heads_per_stage else 1
+        num_outputs = len(self.heads) if settings.heads_per_stage else len(self.output_heads)
         return ["heads"] if num_outputs == 1 else [f"heads{i}" for i in range(num_outputs)]
 
     def extract_layers(self, x: ModelInput) -> Dict[str, torch.Tensor]:

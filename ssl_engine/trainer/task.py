@@ -50,6 +50,7 @@ class SelfSupervisionTask(ClassyTask):
         self.datasets: Dict[str, Any] = {}
         self.data_iterator = None
         self.losses: List[torch.Tensor] = []
+        self.loss_terms: List[Dict[str, torch.Tensor]] = []  # named parts of each loss
         self.last_batch = self.last_model_output = self.last_loss = None
         self.data_time = self.step_time = 0.0
         self.checkpoint_folder = config.CHECKPOINT.DIR
@@ -67,6 +68,7 @@ class SelfSupervisionTask(ClassyTask):
         from ssl_engine.losses import build_loss
         from ssl_engine.meters import build_meters
         from ssl_engine.models import build_model
+        from ssl_engine.models.sync_bn import convert_sync_bn
         from ssl_engine.optimizers import build_optimizer
 
         cfg = self.config
@@ -74,18 +76,20 @@ class SelfSupervisionTask(ClassyTask):
             self.datasets["TRAIN"] = build_dataset(cfg, "TRAIN")
         if cfg.TEST_MODEL:
             self.datasets["TEST"] = build_dataset(cfg, "TEST")
-        self.base_model = build_model(cfg.MODEL).to(self.device)
+        self.base_model = convert_sync_bn(build_model(cfg.MODEL), cfg).to(self.device)
         if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and checkpoint is None:  # a resume checkpoint wins
             from ssl_engine.models.weights_init import load_weights_init
 
             load_weights_init(self.base_model, cfg.MODEL.WEIGHTS_INIT)
+        self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.loss = build_loss(cfg.LOSS).to(self.device)
+        if hasattr(self.loss, "bind_model"):  # e.g. a momentum target copied from the model
+            self.loss.bind_model(self.base_model)
         self.optimizer = None if cfg.TEST_ONLY else build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)
         if checkpoint is not None:
             self.set_classy_state(checkpoint["classy_state_dict"])
             self._resume_rng_states = checkpoint.get("rng_states")
-        self.model = self._wrap_model(self.base_model)
         self.num_train_iters_per_epoch = (
             self._iters_per_epoch("TRAIN") if "TRAIN" in self.datasets else 0
         )
@@ -141,7 +145,7 @@ class SelfSupervisionTask(ClassyTask):
             self.train_phase_idx += 1
         start_iter, self._resume_start_iter = self._resume_start_iter, 0
         if start_iter == 0:
-            self.losses = []
+            self.losses, self.loss_terms = [], []
             for meter in self.meters:
                 meter.reset()
         self.iteration_num_in_phase = start_iter
@@ -206,6 +210,7 @@ class SelfSupervisionTask(ClassyTask):
             "loss": self.loss.get_classy_state() if hasattr(self.loss, "get_classy_state") else {},
             "meters": [meter.get_classy_state() for meter in self.meters],
             "losses": [float(v) for v in self.losses],
+            "loss_terms": [{k: float(v) for k, v in t.items()} for t in self.loss_terms],
         }
         if deep_copy:
             import copy
@@ -226,6 +231,8 @@ class SelfSupervisionTask(ClassyTask):
             for meter, meter_state in zip(self.meters, state["meters"]):
                 meter.set_classy_state(meter_state)
             self.losses = [torch.tensor(v) for v in state["losses"]]
+            self.loss_terms = [{k: torch.tensor(v) for k, v in t.items()}
+                               for t in state.get("loss_terms", [])]
             self.phase_idx = state["phase_idx"] - 1
             phase_is_train = self.phases[state["phase_idx"]]["train"]
             self.train_phase_idx = state["train_phase_idx"] - (1 if phase_is_train else 0)

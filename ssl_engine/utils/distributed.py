@@ -81,3 +81,32 @@ def broadcast_object(obj, src: int = 0):
     holder = [obj]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]
+
+
+class _AllReduceSumWithGrad(torch.autograd.Function):
+    """Sum over ranks whose backward sums the gradients of every rank's use of the result.
+
+    Every rank's loss depends on the reduced tensor, so d(sum_k L_k)/d(x_r) is the sum over
+    ranks of dL_k/dy: the same all-reduce again.  Data-parallel averaging of the parameter
+    gradients then gives the gradient of the mean loss (no 1/world_size error).
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group=None):
+        ctx.group = group
+        out = tensor.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out = grad.clone().contiguous()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=ctx.group)
+        return out, None
+
+
+def all_reduce_sum_with_grad(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum of ``tensor`` over the ranks of ``group`` (default: all), differentiable."""
+    if get_world_size() == 1:
+        return tensor
+    return _AllReduceSumWithGrad.apply(tensor, group)

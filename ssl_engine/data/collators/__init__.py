@@ -1,7 +1,8 @@
-"""Collators: a list of samples -> {"input", "target", "data_idx", "data_valid"}."""
+"""Collators: a list of samples -> {"input", "target", "data_idx", "data_valid"} (and
+"input_momentum" for moco_collator)."""
 import functools
 
-from ssl_engine.data.collators import default, multicrop, simclr  # noqa: F401  (registers them)
+from ssl_engine.data.collators import default, moco, multicrop, simclr  # noqa: F401  (registers them)
 from ssl_engine.data.registry import COLLATOR_REGISTRY
 
 

@@ -36,6 +36,13 @@ def fetch_batch(task):
     return batch
 
 
+def loss_terms(loss_module) -> dict:
+    """The named parts of the last loss (``loss_module.loss_terms``, set by losses with several
+    terms, e.g. VICReg's invariance, variance and covariance), detached."""
+    terms = getattr(loss_module, "loss_terms", None) or {}
+    return {name: value.detach() for name, value in terms.items()}
+
+
 def forward_loss_and_meters(task, batch) -> torch.Tensor:
     """Forward pass, loss (refused when not finite) and meter updates, with their hooks."""
     with torch.set_grad_enabled(task.train):
@@ -45,6 +52,7 @@ def forward_loss_and_meters(task, batch) -> torch.Tensor:
     check_loss_is_finite(task, loss)
     task.last_loss = loss.detach()
     task.losses.append(task.last_loss)
+    task.loss_terms.append(loss_terms(task.loss))
     with torch.no_grad():
         for meter in task.meters:
             meter.update(task.last_model_output, batch["target"])

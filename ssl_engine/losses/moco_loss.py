@@ -1,0 +1,98 @@
+"""MoCo v2 (He et al. 2020; Chen et al. 2020): InfoNCE of a query against its key from the
+momentum encoder and a queue of keys of past batches."""
+import warnings
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ssl_engine.losses.momentum_target import MomentumTargetLoss
+from ssl_engine.losses.outputs import embedding_output
+from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from classy_vision.losses import register_loss
+
+QUEUE_SEED = 0  # the initial queue is the same on every rank and in every run
+
+
+@register_loss("moco_loss")
+class MoCoLoss(MomentumTargetLoss):
+    """``-log(exp(q.k/t) / (exp(q.k/t) + sum_j exp(q.n_j/t)))`` with ``q`` the model's output on
+    one view, ``k`` the momentum encoder's output on the other (``moco_collator`` gives the
+    model ``input`` and the encoder ``input_momentum``), ``n_j`` the ``queue_size`` keys in the
+    queue, all l2-normalised.  After each update the keys of every rank are enqueued (in rank
+    order, oldest overwritten) and the encoder moves with ``momentum``.
+
+    ``shuffle_batch``: the encoder sees the global batch of keys shuffled over ranks, so that
+    a rank's batch norm never sees a query's image and its key's image together (with one
+    process it changes nothing).
+    """
+
+    def __init__(self, embedding_dim: int = 128, queue_size: int = 65536,
+                 momentum: float = 0.999, temperature: float = 0.2, shuffle_batch: bool = True):
+        super().__init__(momentum, "constant")
+        if temperature <= 0:
+            raise ValueError(f"moco_loss: temperature must be > 0, got {temperature}")
+        if queue_size < 1:
+            raise ValueError(f"moco_loss: queue_size must be >= 1, got {queue_size}")
+        self.embedding_dim = int(embedding_dim)
+        self.temperature = float(temperature)
+        self.shuffle_batch = bool(shuffle_batch)
+        generator = torch.Generator().manual_seed(QUEUE_SEED)
+        queue = F.normalize(torch.randn(int(queue_size), self.embedding_dim, generator=generator),
+                            dim=1)
+        self.register_buffer("queue", queue)
+        self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+        self._keys_to_enqueue = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "MoCoLoss":
+        return cls(
+            embedding_dim=config.get("embedding_dim", 128),
+            queue_size=config.get("queue_size", 65536),
+            momentum=config.get("momentum", 0.999),
+            temperature=config.get("temperature", 0.2),
+            shuffle_batch=config.get("shuffle_batch", True),
+        )
+
+    def run_target(self, inputs, task) -> torch.Tensor:
+        world_size = get_world_size()
+        if not self.shuffle_batch or world_size == 1:
+            return super().run_target(inputs, task)
+        everything = gather_from_all(inputs)
+        # the same permutation on every rank, and again after a resume
+        generator = torch.Generator().manual_seed(task.config.SEED_VALUE * 1_000_003 + task.iteration)
+        order = torch.randperm(everything.shape[0], generator=generator).to(everything.device)
+        rank = get_rank()
+        keys = super().run_target(everything[order].chunk(world_size)[rank], task)
+        shuffled_keys = gather_from_all(keys)
+        unshuffled = torch.empty_like(shuffled_keys)
+        unshuffled[order] = shuffled_keys
+        return unshuffled.chunk(world_size)[rank]
+
+    def forward(self, output, target=None) -> torch.Tensor:
+        query = F.normalize(embedding_output(output, "moco_loss", self.embedding_dim), dim=1)
+        key = F.normalize(self.get_target_output().detach(), dim=1)
+        if key.shape != query.shape:
+            raise ValueError(f"moco_loss: {tuple(key.shape)} keys for {tuple(query.shape)} "
+                             "queries; use moco_collator (one query and one key view)")
+        positive = (query * key).sum(dim=1, keepdim=True)
+        negative = query @ self.queue.detach().t()
+        logits = torch.cat([positive, negative], dim=1) / self.temperature
+        labels = torch.zeros(query.shape[0], dtype=torch.long, device=query.device)
+        self._keys_to_enqueue = gather_from_all(key)
+        return F.cross_entropy(logits, labels)
+
+    @torch.no_grad()
+    def update_target(self, online, step: int, total: int) -> None:
+        super().update_target(online, step, total)
+        if self._keys_to_enqueue is not None:
+            keys, self._keys_to_enqueue = self._keys_to_enqueue, None
+            size, count, start = self.queue.shape[0], keys.shape[0], int(self.queue_ptr)
+            if count > size:  # a queue smaller than the global batch keeps the last keys
+                keys, start = keys[count - size:], start + count - size
+            rows = (start + torch.arange(keys.shape[0], device=keys.device)) % size
+            self.queue[rows] = keys
+            self.queue_ptr[0] = (int(self.queue_ptr) + count) % size
