@@ -23,6 +23,38 @@ def test_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
         torch.testing.assert_close(w2[name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_global_batch_norm_makes_two_processes_match_one_with_batch_norm(tmp_path):
+    """MODEL.SYNC_BN_CONFIG with SYNC_BN_TYPE=all_reduce: batch norm over both processes'
+    images, on gloo, so SimCLR with BatchNorm trains as one process on the global batch."""
+    common = ["config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=true", "config.LOG_FREQUENCY=1",
+              "config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16"]
+    run_engine(tmp_path / "one", common + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"])
+    run_engine(tmp_path / "two", common + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+                                           "config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2]
+    for iteration in one:
+        assert two[iteration] == pytest.approx(one[iteration], rel=1e-5, abs=1e-6)
+    w1, w2 = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert "batch norm synchronised over all processes (all_reduce)" in \
+        (tmp_path / "two" / "log.txt").read_text()
+
+
+def test_torch_sync_batch_norm_is_refused_on_cpu_before_launch(tmp_path, capsys):
+    from ssl_engine.engines.launcher import main
+
+    code = main(["config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path}",
+                 "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=true",
+                 "config.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=pytorch"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: config.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=pytorch needs GPUs (torch's "
+        "SyncBatchNorm refuses CPU tensors): use all_reduce on a CPU")
+    assert not any(tmp_path.iterdir())
+
+
 def test_file_init_method_two_processes(tmp_path):
     run_engine(tmp_path, COMMON + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
                                    "config.DISTRIBUTED.INIT_METHOD=file",
