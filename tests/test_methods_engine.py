@@ -98,3 +98,21 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
                                        atol=1e-5, msg=name)
         else:
             assert torch.equal(two_loss[name], straight_loss[name]), name
+
+
+@pytest.mark.parametrize("override, message", [
+    ("config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,16]}]]",
+     "BYOLLoss needs a projection head followed by 1 prediction head(s) in "
+     "config.MODEL.HEAD.PARAMS, got 1 head(s)"),
+    ("config.MODEL.HEAD.OUTPUT_HEADS=[0,2]",
+     "config.MODEL.HEAD.OUTPUT_HEADS=[0, 2] must list indices of the 2 head(s) of "
+     "config.MODEL.HEAD.PARAMS"),
+])
+def test_heads_a_method_cannot_use_are_refused_before_launch(tmp_path, capsys, override, message):
+    from ssl_engine.engines.launcher import main
+
+    code = main(["config=test/quick_byol_synthetic", f"config.CHECKPOINT.DIR={tmp_path}",
+                 override])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+    assert not any(tmp_path.iterdir())

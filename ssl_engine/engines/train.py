@@ -13,14 +13,21 @@ from ssl_engine.utils.logger import setup_logging
 
 
 def check_train_config(cfg) -> None:
-    """The data of every phase exists; the hooks the config asks for accept it; CHECKPOINT.DIR
-    is writable and is not another run's."""
+    """The data of every phase exists; the hooks the config asks for accept it; the model has
+    the heads the loss needs; CHECKPOINT.DIR is writable and is not another run's."""
     from ssl_engine.data import check_data_paths
 
+    from ssl_engine.losses import LOSS_REGISTRY
+    from ssl_engine.models.base_ssl_model import check_output_heads
     from ssl_engine.models.sync_bn import check_sync_bn_config
+    from ssl_engine.utils.registry import lookup
 
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
+    check_output_heads(cfg.MODEL.HEAD.OUTPUT_HEADS, len(cfg.MODEL.HEAD.PARAMS))
+    check_model = getattr(lookup(LOSS_REGISTRY, cfg.LOSS.name, "loss"), "check_model_config", None)
+    if check_model is not None:  # e.g. a predictor head the method needs
+        check_model(cfg.MODEL)
     splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
     for split in splits:
         check_data_paths(cfg, split)

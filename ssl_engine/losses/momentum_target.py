@@ -52,17 +52,24 @@ class MomentumTargetLoss(ClassyLoss):
 
         return [MomentumTargetHook()]
 
+    @classmethod
+    def check_model_config(cls, model_cfg) -> None:
+        """Refuse (before launch) a model without the heads the method needs."""
+        cls._check_num_heads(len(model_cfg.HEAD.PARAMS))
+
+    @classmethod
+    def _check_num_heads(cls, heads: int) -> None:
+        if cls.online_only_heads and heads < cls.online_only_heads + 1:
+            raise ValueError(
+                f"{cls.__name__} needs a projection head followed by {cls.online_only_heads} "
+                f"prediction head(s) in config.MODEL.HEAD.PARAMS, got {heads} head(s)")
+
     # ------------------------------------------------------------------ the target
     def bind_model(self, model) -> None:
         """Make the target network: a frozen copy of ``model`` (the base model, after every
         rank holds the same initial weights)."""
-        num_heads = len(model.heads) - self.online_only_heads
-        if num_heads < 0 or (self.online_only_heads and num_heads < 1):
-            raise ValueError(
-                f"{type(self).__name__} needs a projection head followed by "
-                f"{self.online_only_heads} prediction head(s) in MODEL.HEAD.PARAMS, got "
-                f"{len(model.heads)} head(s)")
-        self.target_network = model.target_copy(num_heads)
+        self._check_num_heads(len(model.heads))
+        self.target_network = model.target_copy(len(model.heads) - self.online_only_heads)
 
     def target_input(self, batch):
         """What the target network sees: the model's input unless the collator gave the

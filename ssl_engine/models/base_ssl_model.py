@@ -38,6 +38,15 @@ def concat_crops(stage: str, features: List[torch.Tensor]) -> torch.Tensor:
     return torch.cat(features, dim=0)
 
 
+def check_output_heads(indices, num_heads: int) -> List[int]:
+    """MODEL.HEAD.OUTPUT_HEADS as a list of valid indices into the ``num_heads`` heads."""
+    indices = [int(i) for i in indices]
+    if not indices or (num_heads and any(not -num_heads <= i < num_heads for i in indices)):
+        raise ValueError(f"config.MODEL.HEAD.OUTPUT_HEADS={indices} must list indices of the "
+                         f"{num_heads} head(s) of config.MODEL.HEAD.PARAMS")
+    return indices
+
+
 def freeze(module: nn.Module) -> None:
     for param in module.parameters():
         param.requires_grad = False
@@ -77,12 +86,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.train()
 
     def _check_output_heads(self, indices) -> List[int]:
-        indices = [int(i) for i in indices]
-        count = len(self.heads)
-        if not indices or (count and any(not -count <= i < count for i in indices)):
-            raise ValueError(f"MODEL.HEAD.OUTPUT_HEADS={indices} must list indices of the "
-                             f"{count} head(s) of MODEL.HEAD.PARAMS")
-        return indices
+        return check_output_heads(indices, len(self.heads))
 
     def _check_eval_settings(self) -> None:
         stages = self.eval_settings.stages
