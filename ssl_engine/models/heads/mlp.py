@@ -12,7 +12,8 @@ class MLP(nn.Module):
     """Linear layers of sizes ``dims`` = [in, hidden..., out] on the flattened input.
 
     After every linear layer: BatchNorm1d when ``use_bn``, then ReLU when ``use_relu``; the last
-    layer gets neither when ``skip_last_layer_relu_bn``.
+    layer gets neither when ``skip_last_layer_relu_bn``, or batch norm alone (no ReLU) with
+    ``last_layer_bn`` (the output norm of SimSiam's and MoCo v3's projectors).
     """
 
     def __init__(
@@ -21,6 +22,7 @@ class MLP(nn.Module):
         use_bn: bool = False,
         use_relu: bool = False,
         skip_last_layer_relu_bn: bool = True,
+        last_layer_bn: bool = False,
     ):
         super().__init__()
         dims = [int(d) for d in dims]
@@ -31,6 +33,8 @@ class MLP(nn.Module):
         for index in range(num_linear):
             layers.append(nn.Linear(dims[index], dims[index + 1]))
             if index == num_linear - 1 and skip_last_layer_relu_bn:
+                if last_layer_bn:
+                    layers.append(nn.BatchNorm1d(dims[index + 1]))
                 continue
             if use_bn:
                 layers.append(nn.BatchNorm1d(dims[index + 1]))
