@@ -202,3 +202,66 @@ def test_command_line_refuses_unwritable_output_before_starting(tmp_path):
     assert proc.returncode == 2
     assert f"error: cannot write extracted features to {blocker / 'features'}" in proc.stderr
     assert "Traceback" not in proc.stderr and "init process group" not in proc.stdout
+
+
+# ---------------------------------------------------------------- safety, from the command line
+def extract_cli(folder, overrides=(), env=None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, str(repo / "tools/run_distributed_engines.py"), CONFIG,
+         "engine_name=extract_features", *TINY, f"config.CHECKPOINT.DIR={folder}",
+         *overrides],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(repo / "tests"), **(env or {})},
+    )
+
+
+class RunsCommand:
+    """Unpickling it runs a shell command: what a malicious weights file carries."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+def test_weights_file_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "code_ran"
+    weights = tmp_path / "model_zoo.torch"
+    cfg, model = save_weights(weights)
+    state = torch.load(weights, weights_only=True)
+    state["classy_state_dict"]["payload"] = RunsCommand(f"touch {marker}")
+    torch.save(state, weights)
+
+    proc = extract_cli(tmp_path / "out", [f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {weights} was not loaded: it holds Python objects other than weights "
+        "(posix.system), and loading those could run code the file carries. Only tensors, "
+        "numbers, strings and containers of them are loaded; if you trust the file's origin, "
+        "convert it once with extra_scripts/convert_to_weights_only.py (see docs/safety.md)"]
+    assert not marker.exists()  # the command it carries did not run
+    assert "init process group" not in proc.stdout
+
+
+def test_weights_file_without_a_state_dict_is_refused_before_launch(tmp_path):
+    weights = tmp_path / "not_weights.torch"
+    torch.save({"epoch": 3, "notes": ["a", "b"]}, weights)
+    proc = extract_cli(tmp_path / "out", [f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}",
+                                          "config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: MODEL.WEIGHTS_INIT: {weights} holds neither a state dict of tensors nor this "
+        "engine's model state (its keys: ['epoch', 'notes']); set "
+        "config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME to the key that holds the weights (e.g. "
+        "state_dict, model), or to '' for a plain state dict"]
+    assert "init process group" not in proc.stdout
+

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
@@ -25,6 +26,7 @@ from ssl_engine.utils.registry import UnknownNameError
 logger = logging.getLogger(__name__)
 
 _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+SPAWN_GRACE_S = 10.0
 
 
 def import_plugins() -> None:
@@ -73,7 +75,8 @@ def dist_run_id(cfg: AttrDict) -> str:
 
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     """Everything that can be refused before a process starts: the names of the engine,
-    task and train step, then the engine's own checks (data paths, output folders)."""
+    task and train step, then the engine's own checks (data paths, output folders, the files
+    it will load)."""
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
@@ -112,8 +115,14 @@ def _rank_environment(cfg: AttrDict, local_rank: int):
                 os.environ[name] = value
 
 
+class RankUserError(RuntimeError):
+    """An error a user caused (USER_ERRORS, ExtractionError) in a spawned process: its
+    message, reported instead of the errors it set off in the other processes."""
+
+
 def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
-                 checkpoint_path: Optional[str], hook_generator) -> None:
+                 checkpoint_path: Optional[str], hook_generator,
+                 error_dir: Optional[str] = None) -> None:
     import_plugins()
     engine = get_engine(engine_name)
     kwargs = {"checkpoint_path": checkpoint_path}
@@ -122,9 +131,35 @@ def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
     with _rank_environment(cfg, local_rank):
         try:
             engine(cfg, run_id, **kwargs)
+        except (ExtractionError, *USER_ERRORS) as err:
+            # written before this process leaves the process group, hence before the others
+            # fail on its absence
+            if error_dir is not None:
+                Path(error_dir, f"{local_rank:05d}.txt").write_text(str(err))
+            raise
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
+           checkpoint_path: Optional[str], hook_generator) -> None:
+    """``nproc`` processes; when one fails on an error a user caused, RankUserError with its
+    message (the others then fail too, on the missing process: those errors say nothing).
+    After a failure the others have SPAWN_GRACE_S seconds to end by themselves (and release
+    what their data-loader workers hold) before they are terminated."""
+    with tempfile.TemporaryDirectory(prefix="ssl_engine_errors_") as error_dir:
+        try:
+            context = mp.start_processes(
+                _run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator,
+                                    error_dir), nprocs=nproc, join=False, start_method="spawn")
+            while not context.join(grace_period=SPAWN_GRACE_S):
+                pass
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+            reports = sorted(Path(error_dir).iterdir())
+            if reports:
+                raise RankUserError(reports[0].read_text()) from None
+            raise
 
 
 def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optional[str] = None,
@@ -135,13 +170,14 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
     nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
     if started_by_torchrun() or nproc == 1:
         _run_process(0, engine_name, cfg, run_id, checkpoint_path, hook_generator)
-        return
-    mp.spawn(_run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator),
-             nprocs=nproc, join=True)
+    else:
+        _spawn(nproc, engine_name, cfg, run_id, checkpoint_path, hook_generator)
 
 
 def main(argv: Sequence[str]) -> int:
     """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
+    # mp.spawn logs a warning for each process it stops after one failed: the error says it all
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
         import_plugins()
         engine_name, cfg = load_config(list(argv))
@@ -160,7 +196,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {err}; the other processes were stopped. Checkpoints already written "
               "are intact: run again with config.CHECKPOINT.AUTO_RESUME=true", file=sys.stderr)
         return 1
-    except (ExtractionError, *USER_ERRORS) as err:
+    except (RankUserError, ExtractionError, *USER_ERRORS) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

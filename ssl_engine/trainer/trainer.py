@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.utils import rng
 from ssl_engine.data.datasources.image_io import ImageLoadError
+from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.distributed import get_rank
@@ -16,9 +17,9 @@ from ssl_engine.utils.registry import lookup
 
 logger = logging.getLogger(__name__)
 
-# Errors a user causes (bad data, a diverging run, an unreadable checkpoint), reported as
-# one message, beside what was already saved.
-USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError)
+# Errors a user causes (bad data, a diverging run, an unreadable or unsafe checkpoint, a weights
+# file that does not fit), reported as one message, beside what was already saved.
+USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError, WeightsInitError)
 
 
 def machine_ranks():
