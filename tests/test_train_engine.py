@@ -181,12 +181,51 @@ def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path, stra
                   env=plugin_env("kill_step", KILL_AT=7))
     assert killed.returncode == -9
     assert os.readlink(tmp_path / "checkpoint.torch") == "model_iteration6.torch"
+    assert (tmp_path / ".run.lock").exists()  # the killed run could not release its lock
 
     resumed = _cli(EVERY_3 + ["config.CHECKPOINT.AUTO_RESUME=true"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    assert f"took over the lock of {tmp_path}: the run of pid " in resumed.stderr
     assert "resuming from phase" in (tmp_path / "log.txt").read_text()
+    assert not (tmp_path / ".run.lock").exists()
     resumed_weights = final_weights(tmp_path)
     assert all(torch.equal(straight_every_3[k], resumed_weights[k]) for k in straight_every_3)
+
+
+def test_second_run_in_the_same_folder_is_refused_before_launch(tmp_path):
+    """A second launch (a requeued job: AUTO_RESUME on) while the first runs is refused,
+    naming the first; the first is not disturbed and ends complete."""
+    import socket
+    import time
+
+    started, go = tmp_path / "started", tmp_path / "go"
+    folder = tmp_path / "run"
+    first = subprocess.Popen(
+        [sys.executable, str(REPO / "tools/run_distributed_engines.py"), QUICK,
+         f"config.CHECKPOINT.DIR={folder}", "config.TRAINER.TRAIN_STEP_NAME=wait_for_go",
+         "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **plugin_env("wait_step", STARTED=started, GO=go)})
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), first.communicate()[1]
+        second = _cli(["config.CHECKPOINT.AUTO_RESUME=true"], folder)
+        assert second.returncode == 2
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"error: config.CHECKPOINT.DIR={folder} is in use by another run: pid {first.pid} "
+            f"on host {socket.gethostname()} (started ")
+        assert "Two runs in one folder overwrite each other's checkpoints" in lines[0]
+        assert "init process group" not in second.stdout
+    finally:
+        go.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert not (folder / ".run.lock").exists()
+    assert os.readlink(folder / "checkpoint.torch") == "model_final_checkpoint_phase1.torch"
+    assert (folder / "log.txt").read_text().count("init process group") == 1
 
 
 def test_existing_checkpoints_without_resume_are_refused(tmp_path):

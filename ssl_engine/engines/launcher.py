@@ -1,7 +1,9 @@
 """From command-line arguments to engine processes.
 
 Composes and checks the config, then either joins a world started by torchrun (rank variables
-already in the environment) or starts ``NUM_PROC_PER_NODE`` processes on this machine.
+already in the environment) or starts ``NUM_PROC_PER_NODE`` processes on this machine. The
+process where global rank 0 runs (this one, or torchrun's rank 0) holds the lock of
+``CHECKPOINT.DIR`` for the life of the run (``ssl_engine.utils.run_lock``).
 """
 import contextlib
 import logging
@@ -22,6 +24,7 @@ from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.registry import UnknownNameError
+from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +76,17 @@ def dist_run_id(cfg: AttrDict) -> str:
     return f"file://{os.path.abspath(run_id)}"
 
 
+def holds_run_lock(cfg: AttrDict) -> bool:
+    """Whether this process is the one of global rank 0, which locks CHECKPOINT.DIR."""
+    if started_by_torchrun():
+        return int(os.environ["RANK"]) == 0
+    return cfg.DISTRIBUTED.NODE_ID == 0
+
+
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     """Everything that can be refused before a process starts: the names of the engine,
-    task and train step, then the engine's own checks (data paths, output folders, the files
-    it will load)."""
+    task and train step, another live run in CHECKPOINT.DIR, then the engine's own checks
+    (data paths, output folders, the files it will load)."""
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
@@ -84,6 +94,8 @@ def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     engine = get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
+    if holds_run_lock(cfg):
+        check_unlocked(cfg.CHECKPOINT.DIR)
     check = getattr(engine, "check_before_launch", None)
     if check is not None:
         check(cfg)
@@ -165,13 +177,16 @@ def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
 def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optional[str] = None,
                        hook_generator: Optional[Callable] = None) -> None:
     """Run ``engine_name`` in this process (one process, or under torchrun) or in
-    ``NUM_PROC_PER_NODE`` spawned processes."""
-    run_id = dist_run_id(cfg)
-    nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
-    if started_by_torchrun() or nproc == 1:
-        _run_process(0, engine_name, cfg, run_id, checkpoint_path, hook_generator)
-    else:
-        _spawn(nproc, engine_name, cfg, run_id, checkpoint_path, hook_generator)
+    ``NUM_PROC_PER_NODE`` spawned processes, holding the lock of CHECKPOINT.DIR (RunLockError
+    if another live run holds it)."""
+    lock = RunLock(cfg.CHECKPOINT.DIR) if holds_run_lock(cfg) else contextlib.nullcontext()
+    with lock:
+        run_id = dist_run_id(cfg)
+        nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
+        if started_by_torchrun() or nproc == 1:
+            _run_process(0, engine_name, cfg, run_id, checkpoint_path, hook_generator)
+        else:
+            _spawn(nproc, engine_name, cfg, run_id, checkpoint_path, hook_generator)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -183,11 +198,14 @@ def main(argv: Sequence[str]) -> int:
         engine_name, cfg = load_config(list(argv))
         check_before_launch(engine_name, cfg)
     except (ConfigError, FileNotFoundError, NotADirectoryError, UnknownNameError,
-            CheckpointError, ExtractionError, ValueError) as err:
+            CheckpointError, ExtractionError, ValueError, RunLockError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
         launch_distributed(cfg, engine_name)
+    except RunLockError as err:  # another launch took the folder since the check
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except mp.ProcessRaisedException as err:
         last = str(err).strip().splitlines()[-1]
         print(f"error: a process failed: {last}", file=sys.stderr)
