@@ -1,5 +1,6 @@
 """Atomic checkpoint writes, the latest pointer, refusal of corrupt files, weights-only
 loading (files that would run code are refused) and plain-data checkpoints."""
+import errno
 import os
 import random
 
@@ -9,7 +10,7 @@ import torch
 
 from ssl_engine.utils import rng
 from ssl_engine.utils.checkpoint import (
-    LATEST_NAME, CheckpointError, UnsafeCheckpointError, atomic_torch_save,
+    LATEST_NAME, CheckpointError, CheckpointWriteError, UnsafeCheckpointError, atomic_torch_save,
     latest_checkpoint_path, load_checkpoint, load_latest_checkpoint, save_checkpoint,
 )
 
@@ -23,20 +24,39 @@ def test_save_points_latest_to_newest(tmp_path):
         LATEST_NAME, "model_phase0.torch", "model_phase1.torch"]  # no temporary files left
 
 
-def test_crash_mid_write_keeps_previous(tmp_path, monkeypatch):
+def test_full_disk_mid_write_keeps_previous_and_says_what_was_saved(tmp_path, monkeypatch):
     save_checkpoint(tmp_path, "model_phase0.torch", {"a": 1})
 
     def exploding_save(obj, handle):
         handle.write(b"partial")
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", exploding_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointWriteError) as err:
         save_checkpoint(tmp_path, "model_phase1.torch", {"a": 2})
     monkeypatch.undo()
+    assert str(err.value) == (
+        f"could not save checkpoint {tmp_path / 'model_phase1.torch'}: No space left on device "
+        f"(ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
+        f"{tmp_path / 'model_phase0.torch'} (checkpoint.torch points to it); run again with "
+        "config.CHECKPOINT.AUTO_RESUME=true to continue from it")
     assert not (tmp_path / "model_phase1.torch").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert load_latest_checkpoint(tmp_path) == {"a": 1}
+
+
+def test_failing_pointer_update_keeps_the_previous_pointer(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, "model_phase0.torch", {"a": 1})
+
+    def failing_replace(src, dst):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(CheckpointWriteError, match="Input/output error"):
+        save_checkpoint(tmp_path, "model_phase1.torch", {"a": 2})
+    monkeypatch.undo()
+    assert os.readlink(tmp_path / LATEST_NAME) == "model_phase0.torch"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_corrupt_checkpoint_refused_and_previous_usable(tmp_path):

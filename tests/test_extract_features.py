@@ -265,3 +265,23 @@ def test_weights_file_without_a_state_dict_is_refused_before_launch(tmp_path):
         "state_dict, model), or to '' for a plain state dict"]
     assert "init process group" not in proc.stdout
 
+
+def test_full_disk_during_extraction_keeps_earlier_files_and_says_what_is_complete(tmp_path):
+    out = tmp_path / "out"
+    first = extract_cli(out)
+    assert first.returncode == 0, first.stderr
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+
+    # 4 files per batch (inds, targets, 2 layers); train has 5 batches: the 22nd write is the
+    # second one of the test split
+    proc = extract_cli(out, env={"SSL_ENGINE_PLUGINS": "plugins.full_disk",
+                                 "SSL_ENGINE_TEST_FULL_DISK_ROWS": "22"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: could not write the test features to {out}: No space left on device (ENOSPC). "
+        "Its temporary files were removed and files of earlier runs left as they were; the "
+        f"train features are complete in {out}. Free space and run the extraction again"]
+    assert not [path.name for path in out.iterdir() if path.name.endswith(".tmp")]
+    after = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+    assert after == before  # same weights and data: the rewritten train files are identical
+

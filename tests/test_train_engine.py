@@ -228,6 +228,42 @@ def test_second_run_in_the_same_folder_is_refused_before_launch(tmp_path):
     assert (folder / "log.txt").read_text().count("init process group") == 1
 
 
+def test_full_disk_during_a_checkpoint_stops_with_one_message_then_resumes(
+        tmp_path, straight_every_3):
+    # the 3rd save is model_iteration6.torch (after iteration3 and phase0)
+    proc = _cli(EVERY_3, tmp_path, env=plugin_env("full_disk", FULL_DISK_SAVE=3))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: could not save checkpoint {tmp_path / 'model_iteration6.torch'}: No space left "
+        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
+        f"{tmp_path / 'model_phase0.torch'} (checkpoint.torch points to it); run again with "
+        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".torch")) == [
+        "checkpoint.torch", "model_iteration3.torch", "model_phase0.torch"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not (tmp_path / ".run.lock").exists()
+    assert load_checkpoint(tmp_path / "checkpoint.torch")["iteration"] == 4
+
+    resumed = _cli(EVERY_3 + ["config.CHECKPOINT.AUTO_RESUME=true"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    resumed_weights = final_weights(tmp_path)
+    assert all(torch.equal(straight_every_3[k], resumed_weights[k]) for k in straight_every_3)
+
+
+def test_full_disk_in_a_two_process_run_reports_the_checkpoint_error(tmp_path):
+    """Rank 0's error is reported, not the connection errors it causes in the other rank."""
+    proc = _cli(["config.OPTIMIZER.num_epochs=1", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
+                 "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"], tmp_path,
+                env=plugin_env("full_disk", FULL_DISK_SAVE=2))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: could not save checkpoint {tmp_path / 'model_iteration4.torch'}: No space left "
+        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
+        f"{tmp_path / 'model_iteration2.torch'} (checkpoint.torch points to it); run again with "
+        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+
+
 def test_existing_checkpoints_without_resume_are_refused(tmp_path):
     run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1"])
     proc = _cli(["config.CHECKPOINT.AUTO_RESUME=false"], tmp_path)

@@ -18,7 +18,7 @@ from ssl_engine.utils.registry import lookup
 logger = logging.getLogger(__name__)
 
 # Errors a user causes (bad data, a diverging run, an unreadable or unsafe checkpoint, a weights
-# file that does not fit), reported as one message, beside what was already saved.
+# file that does not fit, a full disk), reported as one message, beside what was already saved.
 USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError, WeightsInitError)
 
 

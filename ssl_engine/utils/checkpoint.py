@@ -3,6 +3,8 @@
 A save writes to a temporary name in the same folder, fsyncs it, and renames it over the final
 name, so a crash mid-write never leaves a broken file under a checkpoint's name.  The pointer
 ``checkpoint.torch`` is a symbolic link to the newest complete file, replaced atomically too.
+A save that fails (a full disk) removes its temporary file, leaves the previous checkpoint and
+the pointer as they were, and raises CheckpointWriteError naming the last checkpoint saved.
 
 Every file is loaded weights-only (``torch.load(weights_only=True)``): tensors, numbers,
 strings and containers of them. Unpickling anything else can run code the file carries, so a
@@ -12,6 +14,7 @@ engine hold in their RNG states. The engine's own checkpoints are plain data: a 
 state that a weights-only load could not read back.
 """
 import collections
+import errno
 import logging
 import os
 import re
@@ -37,6 +40,10 @@ class CheckpointError(RuntimeError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A file that holds Python objects other than weights: loading it could run code."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (full disk, failing file system)."""
 
 
 def _numpy_array_globals() -> list:
@@ -104,19 +111,42 @@ def point_latest_to(folder: Path, filename: str) -> None:
     tmp = folder / f".{LATEST_NAME}.{os.getpid()}.tmp"
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
-    os.symlink(filename, tmp)
-    os.replace(tmp, folder / LATEST_NAME)
+    try:
+        os.symlink(filename, tmp)
+        os.replace(tmp, folder / LATEST_NAME)
+    except BaseException:
+        if tmp.is_symlink():
+            tmp.unlink()
+        raise
     fsync_dir(folder)
+
+
+def _last_saved(folder: Path) -> str:
+    latest = latest_checkpoint_path(folder)
+    if latest is None:
+        return "no checkpoint had been saved yet, so a new run starts from the beginning"
+    return (f"the last checkpoint saved is {latest} ({LATEST_NAME} points to it); run again "
+            "with config.CHECKPOINT.AUTO_RESUME=true to continue from it")
 
 
 def save_checkpoint(folder: Path, filename: str, state: Dict[str, Any]) -> Path:
     """Write ``state`` as ``folder/filename`` and point ``checkpoint.torch`` to it.
 
-    Raises TypeError for state a weights-only load could not read back."""
+    Raises TypeError for state a weights-only load could not read back, and
+    CheckpointWriteError when the file system fails (nothing already saved is touched)."""
     check_plain_state(state)
     path = Path(folder) / filename
-    atomic_torch_save(state, path)
-    point_latest_to(folder, filename)
+    try:
+        atomic_torch_save(state, path)
+        point_latest_to(folder, filename)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if err.errno is not None:
+            reason = f"{reason} ({errno.errorcode.get(err.errno, err.errno)})"
+        raise CheckpointWriteError(
+            f"could not save checkpoint {path}: {reason}. Nothing already saved was touched: "
+            f"{_last_saved(folder)}"
+        ) from err
     logger.info("saved checkpoint %s", path)
     return path
 
