@@ -285,3 +285,16 @@ def test_full_disk_during_extraction_keeps_earlier_files_and_says_what_is_comple
     after = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
     assert after == before  # same weights and data: the rewritten train files are identical
 
+
+def test_dead_data_loader_worker_ends_extraction_with_one_message(tmp_path):
+    out = tmp_path / "out"
+    proc = extract_cli(out, ["config.DATA.TRAIN.DATA_SOURCES=[worker_killing_synthetic]",
+                             "config.DATA.NUM_DATALOADER_WORKERS=1"],
+                       env={"SSL_ENGINE_PLUGINS": "plugins.kill_worker",
+                            "SSL_ENGINE_TEST_KILL_AT": "12"})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: a data-loader worker died while reading config.DATA.TRAIN (data sources "
+        "['worker_killing_synthetic']): DataLoader worker (pid"), proc.stderr
+    assert final_names(out) == [] and not list(out.glob(".*.tmp"))

@@ -264,6 +264,24 @@ def test_full_disk_in_a_two_process_run_reports_the_checkpoint_error(tmp_path):
         "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
 
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_dead_data_loader_worker_ends_the_run_with_one_message(tmp_path, nproc):
+    proc = _cli(["config.DATA.TRAIN.DATA_SOURCES=[worker_killing_synthetic]",
+                 "config.DATA.NUM_DATALOADER_WORKERS=2",
+                 f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc}",
+                 f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={8 // nproc}"], tmp_path,
+                env=plugin_env("kill_worker", KILL_AT=6))  # _cli times out after 300 s
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        "error: a data-loader worker died while reading config.DATA.TRAIN (data sources "
+        "['worker_killing_synthetic']): DataLoader worker (pid")
+    assert lines[0].endswith("Checkpoints already written are intact: continue with "
+                             "config.CHECKPOINT.AUTO_RESUME=true")
+    assert not (tmp_path / ".run.lock").exists()
+
+
 def test_existing_checkpoints_without_resume_are_refused(tmp_path):
     run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1"])
     proc = _cli(["config.CHECKPOINT.AUTO_RESUME=false"], tmp_path)

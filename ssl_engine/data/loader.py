@@ -1,4 +1,8 @@
-"""The data loader of one phase: sampler position, collator and worker settings."""
+"""The data loader of one phase: sampler position, collator and worker settings; the error
+that replaces torch's when a loader worker process dies."""
+import re
+from typing import Optional
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -43,4 +47,34 @@ def build_dataloader(
         drop_last=split_cfg.DROP_LAST,
         persistent_workers=False,
         generator=torch.Generator().manual_seed(seed + epoch),
+    )
+
+
+class DataWorkerDiedError(RuntimeError):
+    """A data-loader worker process died (a crashing decoder, an out-of-memory kill)."""
+
+
+# torch's messages: "DataLoader worker (pid 123) is killed by signal: Killed.",
+# "DataLoader worker (pid(s) 123, 456) exited unexpectedly", "... exited unexpectedly with exit
+# code 1"
+_WORKER_DIED = re.compile(r"DataLoader worker \(pid")
+
+
+def worker_death_error(err: BaseException, cfg, split: str,
+                       then: str = "") -> Optional[DataWorkerDiedError]:
+    """The error to report instead of ``err`` when ``err`` is torch's report of a dead worker
+    of the ``split`` loader ("TRAIN" / "TEST"), naming the data and ending with ``then`` (what
+    to do next); None for any other error."""
+    if not isinstance(err, RuntimeError) or not _WORKER_DIED.search(str(err)):
+        return None
+    data = cfg.DATA[split]
+    paths = [str(p) for p in data.DATA_PATHS if str(p)]
+    where = f"data sources {list(data.DATA_SOURCES)}" + (f", paths {paths}" if paths else "")
+    reason = str(err).strip().rstrip(".")
+    return DataWorkerDiedError(
+        f"a data-loader worker died while reading config.DATA.{split} ({where}): {reason}. "
+        "A decoder crashing on a file, or the machine running out of memory "
+        f"(config.DATA.NUM_DATALOADER_WORKERS={cfg.DATA.NUM_DATALOADER_WORKERS}), are the usual "
+        "causes; to find a failing file, run with config.DATA.NUM_DATALOADER_WORKERS=0 (the "
+        "samples are then read in the main process, where an error names its file)" + then
     )

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ssl_engine.data.loader import worker_death_error
 from ssl_engine.evaluation.extracted import extracted_paths, signature_path, write_signature
 from ssl_engine.evaluation.features import feature_batches
 from ssl_engine.utils.distributed import (broadcast_object, get_rank, get_world_size,
@@ -377,5 +378,10 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
             if err.errno not in _WRITE_ERRNOS:
                 raise
             raise write_failure(err, folder, split, list(written)) from None
+        except RuntimeError as err:
+            died = worker_death_error(err, cfg, split)
+            if died is None:
+                raise
+            raise died from None
         written[split.lower()] = {layer: extracted_paths(folder, split, layer) for layer in layers}
     return written
