@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ssl_engine.data.loader import worker_death_error
+from ssl_engine.data.loader import stop_workers, worker_death_error
 from ssl_engine.evaluation.extracted import extracted_paths, signature_path, write_signature
 from ssl_engine.evaluation.features import feature_batches
 from ssl_engine.utils.distributed import (broadcast_object, get_rank, get_world_size,
@@ -369,8 +369,9 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
             signature_path(folder, split).unlink(missing_ok=True)
         logger.info("extracting %s (%d samples) layers %s into %s", split.lower(), len(dataset),
                     ", ".join(layers), folder)
+        batches = iter(loader)
         try:
-            extract_split(model.extract_layers, loader, layers, folder, split, len(dataset),
+            extract_split(model.extract_layers, batches, layers, folder, split, len(dataset),
                           len(loader.sampler), device)
             if get_rank() == 0:
                 write_signature(folder, cfg, split)
@@ -378,10 +379,11 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
             if err.errno not in _WRITE_ERRNOS:
                 raise
             raise write_failure(err, folder, split, list(written)) from None
-        except RuntimeError as err:
-            died = worker_death_error(err, cfg, split)
+        except Exception as err:
+            died = worker_death_error(err, cfg, split, batches)
             if died is None:
                 raise
+            stop_workers(batches)
             raise died from None
         written[split.lower()] = {layer: extracted_paths(folder, split, layer) for layer in layers}
     return written

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.utils import rng
 from ssl_engine.data.datasources.image_io import ImageLoadError
-from ssl_engine.data.loader import DataWorkerDiedError, worker_death_error
+from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_death_error
 from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
@@ -113,8 +113,9 @@ class SelfSupervisionTrainer:
             raise
         except BaseException as err:
             died = worker_death_error(err, self.cfg, "TRAIN" if task.train else "TEST",
-                                      then=RESUME_HINT)
+                                      task.data_iterator, then=RESUME_HINT)
             if died is not None:
+                stop_workers(task.data_iterator)
                 logger.error("training stopped on rank %d: %s", get_rank(), died)
                 task.run_hook(Event.on_exception)
                 raise died from None
