@@ -89,8 +89,9 @@ def refusal(folder, holder: dict) -> RunLockError:
     return RunLockError(
         f"config.CHECKPOINT.DIR={folder} is in use by another run: {describe(holder)}. Two runs "
         f"in one folder overwrite each other's checkpoints: wait for that run to end, or pick "
-        f"another DIR. If that run is gone, its lock {path} is taken over on this host at once, "
-        f"from another host {STALE_AFTER_S:.0f} s after its last sign of life; or delete the file"
+        f"another DIR. If that run is gone, the next launch takes its lock over (on host "
+        f"{holder['host']} at once, from another host {STALE_AFTER_S:.0f} s after its last sign "
+        f"of life), or delete {path}"
     )
 
 
