@@ -9,8 +9,8 @@ the pointer as they were, and raises CheckpointWriteError naming the last checkp
 Every file is loaded weights-only (``torch.load(weights_only=True)``): tensors, numbers,
 strings and containers of them. Unpickling anything else can run code the file carries, so a
 file that needs more is refused (UnsafeCheckpointError) and nothing of it is executed. The
-one exception is numpy arrays (data, not code), which checkpoints of earlier versions of the
-engine hold in their RNG states. The engine's own checkpoints are plain data: a save refuses
+one exception is numpy uint32 arrays (data, not code), the form of numpy's RNG state in
+checkpoints of earlier versions of the engine. The engine's own checkpoints are plain data: a save refuses
 state that a weights-only load could not read back.
 """
 import collections
