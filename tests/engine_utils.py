@@ -7,6 +7,7 @@ import torch
 
 from ssl_engine.config import load_config
 from ssl_engine.engines.launcher import check_before_launch, launch_distributed
+from ssl_engine.utils.checkpoint import load_checkpoint
 
 QUICK = "config=test/quick_simclr_synthetic"
 
@@ -22,8 +23,7 @@ def run_engine(checkpoint_dir: Path, overrides: Sequence[str] = (), hook_generat
 
 
 def final_weights(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
-    state = torch.load(Path(checkpoint_dir) / "checkpoint.torch", map_location="cpu",
-                       weights_only=False)
+    state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.torch")
     model = state["classy_state_dict"]["base_model"]["model"]
     return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in model[part].items()}
 

@@ -1,8 +1,10 @@
-"""extra_scripts/export_digits.py: the exported files read back as the same samples."""
+"""extra_scripts: export_digits.py's files read back as the same samples;
+convert_to_weights_only.py turns a trusted file into one the engine loads."""
 import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from engine_utils import QUICK
@@ -12,9 +14,8 @@ from ssl_engine.data import build_dataset
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("export_digits",
-                                                  REPO / "extra_scripts/export_digits.py")
+def load_script(name="export_digits"):
+    spec = importlib.util.spec_from_file_location(name, REPO / f"extra_scripts/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -47,3 +48,34 @@ def test_exported_folder_and_filelist_match_the_digits_source(tmp_path):
                   for i in range(540)}
     assert bundled_set == folder_set
     assert np.load(tmp_path / "digits/train_labels.npy").shape == (1257,)
+
+
+class Opaque:
+    """Any other object: left out by the conversion."""
+
+
+def test_trusted_file_with_python_objects_is_converted_to_plain_data(tmp_path, capsys):
+    import argparse
+
+    from ssl_engine.utils.checkpoint import UnsafeCheckpointError, load_checkpoint
+
+    source, target = tmp_path / "zoo.pth", tmp_path / "zoo.torch"
+    weights = {"conv.weight": torch.randn(2, 3)}
+    torch.save({"model": weights, "args": argparse.Namespace(lr=0.5, arch="resnet50"),
+                "best_acc": np.float64(71.5), "mean": np.array([0.5, 0.25]),
+                "sampler": Opaque()}, source)
+    with pytest.raises(UnsafeCheckpointError):
+        load_checkpoint(source)
+
+    script = load_script("convert_to_weights_only")
+    assert script.main([str(source), str(target)]) == 2  # not without the confirmation
+    assert "runs any code it carries" in capsys.readouterr().err and not target.exists()
+    assert script.main([str(source), str(target), "--i-trust-this-file"]) == 0
+    assert "left out file/sampler (test_extra_scripts.Opaque)" in capsys.readouterr().out
+
+    converted = load_checkpoint(target)
+    assert set(converted) == {"model", "args", "best_acc", "mean"}
+    assert torch.equal(converted["model"]["conv.weight"], weights["conv.weight"])
+    assert converted["args"] == {"lr": 0.5, "arch": "resnet50"}
+    assert converted["best_acc"] == 71.5 and type(converted["best_acc"]) is float
+    assert torch.equal(converted["mean"], torch.tensor([0.5, 0.25], dtype=torch.float64))

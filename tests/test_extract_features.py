@@ -202,3 +202,99 @@ def test_command_line_refuses_unwritable_output_before_starting(tmp_path):
     assert proc.returncode == 2
     assert f"error: cannot write extracted features to {blocker / 'features'}" in proc.stderr
     assert "Traceback" not in proc.stderr and "init process group" not in proc.stdout
+
+
+# ---------------------------------------------------------------- safety, from the command line
+def extract_cli(folder, overrides=(), env=None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, str(repo / "tools/run_distributed_engines.py"), CONFIG,
+         "engine_name=extract_features", *TINY, f"config.CHECKPOINT.DIR={folder}",
+         *overrides],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(repo / "tests"), **(env or {})},
+    )
+
+
+class RunsCommand:
+    """Unpickling it runs a shell command: what a malicious weights file carries."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+def test_weights_file_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "code_ran"
+    weights = tmp_path / "model_zoo.torch"
+    cfg, model = save_weights(weights)
+    state = torch.load(weights, weights_only=True)
+    state["classy_state_dict"]["payload"] = RunsCommand(f"touch {marker}")
+    torch.save(state, weights)
+
+    proc = extract_cli(tmp_path / "out", [f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {weights} was not loaded: it holds Python objects other than weights "
+        "(posix.system), and loading those could run code the file carries. Only tensors, "
+        "numbers, strings and containers of them are loaded; if you trust the file's origin, "
+        "convert it once with extra_scripts/convert_to_weights_only.py (see docs/safety.md)"]
+    assert not marker.exists()  # the command it carries did not run
+    assert "init process group" not in proc.stdout
+
+
+def test_weights_file_without_a_state_dict_is_refused_before_launch(tmp_path):
+    weights = tmp_path / "not_weights.torch"
+    torch.save({"epoch": 3, "notes": ["a", "b"]}, weights)
+    proc = extract_cli(tmp_path / "out", [f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}",
+                                          "config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: MODEL.WEIGHTS_INIT: {weights} holds neither a state dict of tensors nor this "
+        "engine's model state (its keys: ['epoch', 'notes']); set "
+        "config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME to the key that holds the weights (e.g. "
+        "state_dict, model), or to '' for a plain state dict"]
+    assert "init process group" not in proc.stdout
+
+
+def test_full_disk_during_extraction_keeps_earlier_files_and_says_what_is_complete(tmp_path):
+    out = tmp_path / "out"
+    first = extract_cli(out)
+    assert first.returncode == 0, first.stderr
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+
+    # 4 files per batch (inds, targets, 2 layers); train has 5 batches: the 22nd write is the
+    # second one of the test split
+    proc = extract_cli(out, env={"SSL_ENGINE_PLUGINS": "plugins.full_disk",
+                                 "SSL_ENGINE_TEST_FULL_DISK_ROWS": "22"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: could not write the test features to {out}: No space left on device (ENOSPC). "
+        "Its temporary files were removed and files of earlier runs left as they were; the "
+        f"train features are complete in {out}. Free space and run the extraction again"]
+    assert not [path.name for path in out.iterdir() if path.name.endswith(".tmp")]
+    after = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+    assert after == before  # same weights and data: the rewritten train files are identical
+
+
+def test_dead_data_loader_worker_ends_extraction_with_one_message(tmp_path):
+    out = tmp_path / "out"
+    proc = extract_cli(out, ["config.DATA.TRAIN.DATA_SOURCES=[worker_killing_synthetic]",
+                             "config.DATA.NUM_DATALOADER_WORKERS=1"],
+                       env={"SSL_ENGINE_PLUGINS": "plugins.kill_worker",
+                            "SSL_ENGINE_TEST_KILL_AT": "12"})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: a data-loader worker died while reading config.DATA.TRAIN (data sources "
+        "['worker_killing_synthetic']): DataLoader worker (pid"), proc.stderr
+    assert final_names(out) == [] and not list(out.glob(".*.tmp"))

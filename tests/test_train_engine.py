@@ -158,23 +158,128 @@ def _cli(args, checkpoint_dir, env=None):
     )
 
 
-def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path):
-    common = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3"]
-    straight = _cli(common, tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
+# checkpoints at iterations 3 and 6, and at the ends of the epochs (iterations 4 and 8)
+EVERY_3 = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3"]
 
-    killed = _cli(common + ["config.TRAINER.TRAIN_STEP_NAME=kill_after_iteration"],
-                  tmp_path / "killed",
-                  env={"SSL_ENGINE_PLUGINS": "plugins.kill_step",
-                       "PYTHONPATH": str(REPO / "tests"), "SSL_ENGINE_TEST_KILL_AT": "7"})
+
+@pytest.fixture(scope="module")
+def straight_every_3(tmp_path_factory):
+    """The final weights of an uninterrupted command-line run with EVERY_3."""
+    folder = tmp_path_factory.mktemp("straight")
+    proc = _cli(EVERY_3, folder)
+    assert proc.returncode == 0, proc.stderr
+    return final_weights(folder)
+
+
+def plugin_env(module, **variables):
+    return {"SSL_ENGINE_PLUGINS": f"plugins.{module}", "PYTHONPATH": str(REPO / "tests"),
+            **{f"SSL_ENGINE_TEST_{k}": str(v) for k, v in variables.items()}}
+
+
+def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path, straight_every_3):
+    killed = _cli(EVERY_3 + ["config.TRAINER.TRAIN_STEP_NAME=kill_after_iteration"], tmp_path,
+                  env=plugin_env("kill_step", KILL_AT=7))
     assert killed.returncode == -9
-    assert os.readlink(tmp_path / "killed" / "checkpoint.torch") == "model_iteration6.torch"
+    assert os.readlink(tmp_path / "checkpoint.torch") == "model_iteration6.torch"
+    assert (tmp_path / ".run.lock").exists()  # the killed run could not release its lock
 
-    resumed = _cli(common + ["config.CHECKPOINT.AUTO_RESUME=true"], tmp_path / "killed")
+    resumed = _cli(EVERY_3 + ["config.CHECKPOINT.AUTO_RESUME=true"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from phase" in (tmp_path / "killed" / "log.txt").read_text()
-    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "killed")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert f"took over the lock of {tmp_path}: the run of pid " in resumed.stderr
+    assert "resuming from phase" in (tmp_path / "log.txt").read_text()
+    assert not (tmp_path / ".run.lock").exists()
+    resumed_weights = final_weights(tmp_path)
+    assert all(torch.equal(straight_every_3[k], resumed_weights[k]) for k in straight_every_3)
+
+
+def test_second_run_in_the_same_folder_is_refused_before_launch(tmp_path):
+    """A second launch (a requeued job: AUTO_RESUME on) while the first runs is refused,
+    naming the first; the first is not disturbed and ends complete."""
+    import socket
+    import time
+
+    started, go = tmp_path / "started", tmp_path / "go"
+    folder = tmp_path / "run"
+    first = subprocess.Popen(
+        [sys.executable, str(REPO / "tools/run_distributed_engines.py"), QUICK,
+         f"config.CHECKPOINT.DIR={folder}", "config.TRAINER.TRAIN_STEP_NAME=wait_for_go",
+         "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **plugin_env("wait_step", STARTED=started, GO=go)})
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), first.communicate()[1]
+        second = _cli(["config.CHECKPOINT.AUTO_RESUME=true"], folder)
+        assert second.returncode == 2
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"error: config.CHECKPOINT.DIR={folder} is in use by another run: pid {first.pid} "
+            f"on host {socket.gethostname()} (started ")
+        assert "Two runs in one folder overwrite each other's checkpoints" in lines[0]
+        assert "init process group" not in second.stdout
+    finally:
+        go.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert not (folder / ".run.lock").exists()
+    assert os.readlink(folder / "checkpoint.torch") == "model_final_checkpoint_phase1.torch"
+    assert (folder / "log.txt").read_text().count("init process group") == 1
+
+
+def test_full_disk_during_a_checkpoint_stops_with_one_message_then_resumes(
+        tmp_path, straight_every_3):
+    # the 3rd save is model_iteration6.torch (after iteration3 and phase0)
+    proc = _cli(EVERY_3, tmp_path, env=plugin_env("full_disk", FULL_DISK_SAVE=3))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: could not save checkpoint {tmp_path / 'model_iteration6.torch'}: No space left "
+        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
+        f"{tmp_path / 'model_phase0.torch'} (checkpoint.torch points to it); run again with "
+        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".torch")) == [
+        "checkpoint.torch", "model_iteration3.torch", "model_phase0.torch"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not (tmp_path / ".run.lock").exists()
+    assert load_checkpoint(tmp_path / "checkpoint.torch")["iteration"] == 4
+
+    resumed = _cli(EVERY_3 + ["config.CHECKPOINT.AUTO_RESUME=true"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    resumed_weights = final_weights(tmp_path)
+    assert all(torch.equal(straight_every_3[k], resumed_weights[k]) for k in straight_every_3)
+
+
+def test_full_disk_in_a_two_process_run_reports_the_checkpoint_error(tmp_path):
+    """Rank 0's error is reported, not the connection errors it causes in the other rank."""
+    proc = _cli(["config.OPTIMIZER.num_epochs=1", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
+                 "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"], tmp_path,
+                env=plugin_env("full_disk", FULL_DISK_SAVE=2))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: could not save checkpoint {tmp_path / 'model_iteration4.torch'}: No space left "
+        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
+        f"{tmp_path / 'model_iteration2.torch'} (checkpoint.torch points to it); run again with "
+        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_dead_data_loader_worker_ends_the_run_with_one_message(tmp_path, nproc):
+    proc = _cli(["config.DATA.TRAIN.DATA_SOURCES=[worker_killing_synthetic]",
+                 "config.DATA.NUM_DATALOADER_WORKERS=2",
+                 f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc}",
+                 f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={8 // nproc}"], tmp_path,
+                env=plugin_env("kill_worker", KILL_AT=6))  # _cli times out after 300 s
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        "error: a data-loader worker died while reading config.DATA.TRAIN (data sources "
+        "['worker_killing_synthetic']): DataLoader worker (pid")
+    assert lines[0].endswith("Checkpoints already written are intact: continue with "
+                             "config.CHECKPOINT.AUTO_RESUME=true")
+    assert not (tmp_path / ".run.lock").exists()
 
 
 def test_existing_checkpoints_without_resume_are_refused(tmp_path):
@@ -246,11 +351,11 @@ def test_corrupt_latest_checkpoint_refused_then_previous_resumes(tmp_path):
     latest = tmp_path / "model_final_checkpoint_phase0.torch"
     latest.write_bytes(latest.read_bytes()[:1000])  # truncated after the fact (disk trouble)
     proc = _cli(["config.OPTIMIZER.num_epochs=1"], tmp_path)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # refused before launch
     assert f"checkpoint {latest} is corrupt or unreadable" in proc.stderr
     assert "the previous checkpoint" in proc.stderr and "model_iteration4.torch is intact" \
         in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and "init process group" not in proc.stdout
     # as the message says: move the broken file and the link away; the run resumes from the
     # previous checkpoint (iteration 4, the end of the epoch) and ends complete
     os.remove(latest)

@@ -1,4 +1,9 @@
-"""The data loader of one phase: sampler position, collator and worker settings."""
+"""The data loader of one phase: sampler position, collator and worker settings; the error
+that replaces torch's when a loader worker process dies."""
+import re
+import signal
+from typing import Optional
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -44,3 +49,67 @@ def build_dataloader(
         persistent_workers=False,
         generator=torch.Generator().manual_seed(seed + epoch),
     )
+
+
+class DataWorkerDiedError(RuntimeError):
+    """A data-loader worker process died (a crashing decoder, an out-of-memory kill)."""
+
+
+# torch's messages: "DataLoader worker (pid 123) is killed by signal: Killed.",
+# "DataLoader worker (pid(s) 123, 456) exited unexpectedly", "... exited unexpectedly with exit
+# code 1"
+_WORKER_DIED = re.compile(r"DataLoader worker \(pid")
+
+
+def _killed_workers(iterator) -> str:
+    """The worker processes of a loader iterator that a signal ended, in torch's words ("" if
+    none, or if the loader has no worker processes)."""
+    killed = []
+    for worker in getattr(iterator, "_workers", None) or []:
+        code = worker.exitcode  # negative: the number of the signal that ended it
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+            killed.append(f"DataLoader worker (pid {worker.pid}) was killed by signal {name}")
+    return "; ".join(killed)
+
+
+def worker_death_error(err: BaseException, cfg, split: str, iterator=None,
+                       then: str = "") -> Optional[DataWorkerDiedError]:
+    """The error to report instead of ``err`` when a worker of the ``split`` loader ("TRAIN" /
+    "TEST") died: ``err`` is torch's report of it, or any error while a worker of ``iterator``
+    (the loader's iterator) lies killed by a signal (reading from a dead worker fails in
+    several ways). It names the data and ends with ``then`` (what to do next). None for any
+    other error."""
+    if not isinstance(err, Exception):  # Ctrl-C and exits are what they say
+        return None
+    if isinstance(err, RuntimeError) and _WORKER_DIED.search(str(err)):
+        reason = str(err).strip().rstrip(".")
+    else:
+        reason = _killed_workers(iterator)
+        if not reason:
+            return None
+    data = cfg.DATA[split]
+    paths = [str(p) for p in data.DATA_PATHS if str(p)]
+    where = f"data sources {list(data.DATA_SOURCES)}" + (f", paths {paths}" if paths else "")
+    return DataWorkerDiedError(
+        f"a data-loader worker died while reading config.DATA.{split} ({where}): {reason}. "
+        "A decoder crashing on a file, or the machine running out of memory "
+        f"(config.DATA.NUM_DATALOADER_WORKERS={cfg.DATA.NUM_DATALOADER_WORKERS}), are the usual "
+        "causes; to find a failing file, run with config.DATA.NUM_DATALOADER_WORKERS=0 (the "
+        "samples are then read in the main process, where an error names its file)" + then
+    )
+
+
+def stop_workers(iterator) -> None:
+    """Shut the worker processes of a loader iterator down now, with torch's own clean-up:
+    afterwards a worker that died is not reported again (torch's SIGCHLD handler would
+    otherwise raise about it at any later point, even while the process exits)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception:  # a clean-up after a failure: the failure is what gets reported
+            pass

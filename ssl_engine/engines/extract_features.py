@@ -9,14 +9,17 @@ from ssl_engine.utils.logger import setup_logging
 
 
 def check_extract_config(cfg) -> None:
-    """The splits are known, their data exists, and the output folder is writable."""
+    """The splits are known, their data exists, the output folder is writable, and the weights
+    file (MODEL.WEIGHTS_INIT.PARAMS_FILE) loads and holds a state dict."""
     from ssl_engine.data import check_data_paths
     from ssl_engine.evaluation.extracted import extraction_dir
+    from ssl_engine.models.weights_init import check_weights_file
     from ssl_engine.trainer.feature_extraction import check_splits, ensure_writable
 
     for split in check_splits(cfg.EXTRACT_FEATURES.SPLITS):
         check_data_paths(cfg, split)
     ensure_writable(extraction_dir(cfg))
+    check_weights_file(cfg.MODEL.WEIGHTS_INIT)
 
 
 @register_engine("extract_features", check_before_launch=check_extract_config)

@@ -1,13 +1,16 @@
 """From command-line arguments to engine processes.
 
 Composes and checks the config, then either joins a world started by torchrun (rank variables
-already in the environment) or starts ``NUM_PROC_PER_NODE`` processes on this machine.
+already in the environment) or starts ``NUM_PROC_PER_NODE`` processes on this machine. The
+process where global rank 0 runs (this one, or torchrun's rank 0) holds the lock of
+``CHECKPOINT.DIR`` for the life of the run (``ssl_engine.utils.run_lock``).
 """
 import contextlib
 import logging
 import os
 import socket
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
@@ -21,10 +24,12 @@ from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.registry import UnknownNameError
+from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
 
 logger = logging.getLogger(__name__)
 
 _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+SPAWN_GRACE_S = 10.0
 
 
 def import_plugins() -> None:
@@ -71,9 +76,17 @@ def dist_run_id(cfg: AttrDict) -> str:
     return f"file://{os.path.abspath(run_id)}"
 
 
+def holds_run_lock(cfg: AttrDict) -> bool:
+    """Whether this process is the one of global rank 0, which locks CHECKPOINT.DIR."""
+    if started_by_torchrun():
+        return int(os.environ["RANK"]) == 0
+    return cfg.DISTRIBUTED.NODE_ID == 0
+
+
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     """Everything that can be refused before a process starts: the names of the engine,
-    task and train step, then the engine's own checks (data paths, output folders)."""
+    task and train step, another live run in CHECKPOINT.DIR, then the engine's own checks
+    (data paths, output folders, the files it will load)."""
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
@@ -81,6 +94,8 @@ def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     engine = get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
+    if holds_run_lock(cfg):
+        check_unlocked(cfg.CHECKPOINT.DIR)
     check = getattr(engine, "check_before_launch", None)
     if check is not None:
         check(cfg)
@@ -112,8 +127,14 @@ def _rank_environment(cfg: AttrDict, local_rank: int):
                 os.environ[name] = value
 
 
+class RankUserError(RuntimeError):
+    """An error a user caused (USER_ERRORS, ExtractionError) in a spawned process: its
+    message, reported instead of the errors it set off in the other processes."""
+
+
 def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
-                 checkpoint_path: Optional[str], hook_generator) -> None:
+                 checkpoint_path: Optional[str], hook_generator,
+                 error_dir: Optional[str] = None) -> None:
     import_plugins()
     engine = get_engine(engine_name)
     kwargs = {"checkpoint_path": checkpoint_path}
@@ -122,36 +143,69 @@ def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
     with _rank_environment(cfg, local_rank):
         try:
             engine(cfg, run_id, **kwargs)
+        except (ExtractionError, *USER_ERRORS) as err:
+            # written before this process leaves the process group, hence before the others
+            # fail on its absence
+            if error_dir is not None:
+                Path(error_dir, f"{local_rank:05d}.txt").write_text(str(err))
+            raise
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
 
 
+def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
+           checkpoint_path: Optional[str], hook_generator) -> None:
+    """``nproc`` processes; when one fails on an error a user caused, RankUserError with its
+    message (the others then fail too, on the missing process: those errors say nothing).
+    After a failure the others have SPAWN_GRACE_S seconds to end by themselves (and release
+    what their data-loader workers hold) before they are terminated."""
+    with tempfile.TemporaryDirectory(prefix="ssl_engine_errors_") as error_dir:
+        try:
+            context = mp.start_processes(
+                _run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator,
+                                    error_dir), nprocs=nproc, join=False, start_method="spawn")
+            while not context.join(grace_period=SPAWN_GRACE_S):
+                pass
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+            reports = sorted(Path(error_dir).iterdir())
+            if reports:
+                raise RankUserError(reports[0].read_text()) from None
+            raise
+
+
 def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optional[str] = None,
                        hook_generator: Optional[Callable] = None) -> None:
     """Run ``engine_name`` in this process (one process, or under torchrun) or in
-    ``NUM_PROC_PER_NODE`` spawned processes."""
-    run_id = dist_run_id(cfg)
-    nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
-    if started_by_torchrun() or nproc == 1:
-        _run_process(0, engine_name, cfg, run_id, checkpoint_path, hook_generator)
-        return
-    mp.spawn(_run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator),
-             nprocs=nproc, join=True)
+    ``NUM_PROC_PER_NODE`` spawned processes, holding the lock of CHECKPOINT.DIR (RunLockError
+    if another live run holds it)."""
+    lock = RunLock(cfg.CHECKPOINT.DIR) if holds_run_lock(cfg) else contextlib.nullcontext()
+    with lock:
+        run_id = dist_run_id(cfg)
+        nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
+        if started_by_torchrun() or nproc == 1:
+            _run_process(0, engine_name, cfg, run_id, checkpoint_path, hook_generator)
+        else:
+            _spawn(nproc, engine_name, cfg, run_id, checkpoint_path, hook_generator)
 
 
 def main(argv: Sequence[str]) -> int:
     """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
+    # mp.spawn logs a warning for each process it stops after one failed: the error says it all
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
         import_plugins()
         engine_name, cfg = load_config(list(argv))
         check_before_launch(engine_name, cfg)
     except (ConfigError, FileNotFoundError, NotADirectoryError, UnknownNameError,
-            CheckpointError, ExtractionError, ValueError) as err:
+            CheckpointError, ExtractionError, ValueError, RunLockError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
         launch_distributed(cfg, engine_name)
+    except RunLockError as err:  # another launch took the folder since the check
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except mp.ProcessRaisedException as err:
         last = str(err).strip().splitlines()[-1]
         print(f"error: a process failed: {last}", file=sys.stderr)
@@ -160,7 +214,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {err}; the other processes were stopped. Checkpoints already written "
               "are intact: run again with config.CHECKPOINT.AUTO_RESUME=true", file=sys.stderr)
         return 1
-    except (ExtractionError, *USER_ERRORS) as err:
+    except (RankUserError, ExtractionError, *USER_ERRORS) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -7,16 +7,33 @@ from ssl_engine.engines import register_engine
 from ssl_engine.hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
 from ssl_engine.trainer.trainer import machine_ranks
-from ssl_engine.utils.checkpoint import list_checkpoints
+from ssl_engine.utils.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
 from ssl_engine.utils.io import writable_folder_error
 from ssl_engine.utils.logger import setup_logging
 
 
+def check_resume_files(cfg) -> None:
+    """The file the run will start from loads: the latest checkpoint of CHECKPOINT.DIR when
+    AUTO_RESUME finds one (a checkpoint of this engine), else MODEL.WEIGHTS_INIT.PARAMS_FILE.
+    The tensors are mapped, not read: this costs little even for large files."""
+    from ssl_engine.models.weights_init import check_weights_file
+
+    if cfg.CHECKPOINT.AUTO_RESUME:
+        checkpoint = load_latest_checkpoint(cfg.CHECKPOINT.DIR, mmap=True)
+        if checkpoint is not None:
+            if "classy_state_dict" not in checkpoint:
+                raise CheckpointError(
+                    f"the latest checkpoint of config.CHECKPOINT.DIR={cfg.CHECKPOINT.DIR} is not "
+                    f"one of this engine (no classy_state_dict; keys: {sorted(checkpoint)[:10]})")
+            return  # a resumed run does not read WEIGHTS_INIT
+    check_weights_file(cfg.MODEL.WEIGHTS_INIT)
+
+
 def check_train_config(cfg) -> None:
     """The data of every phase exists; the hooks the config asks for accept it; the model has
-    the heads the loss needs; CHECKPOINT.DIR is writable and is not another run's."""
+    the heads the loss needs; CHECKPOINT.DIR is writable and is not another run's; the
+    checkpoint or weights file it starts from loads."""
     from ssl_engine.data import check_data_paths
-
     from ssl_engine.losses import LOSS_REGISTRY
     from ssl_engine.models.base_ssl_model import check_output_heads
     from ssl_engine.models.sync_bn import check_sync_bn_config
@@ -42,6 +59,7 @@ def check_train_config(cfg) -> None:
             "config.CHECKPOINT.AUTO_RESUME=true to continue that run, "
             "config.CHECKPOINT.OVERWRITE_EXISTING=true to start over, or pick another DIR"
         )
+    check_resume_files(cfg)
 
 
 @register_engine("train", check_before_launch=check_train_config)

@@ -146,6 +146,7 @@ def run_evaluation_tool(argv: Sequence[str], evaluate: Evaluation) -> int:
     from ssl_engine.utils.checkpoint import CheckpointError
     from ssl_engine.utils.logger import setup_logging
     from ssl_engine.utils.registry import UnknownNameError
+    from ssl_engine.utils.run_lock import RunLockError
 
     setup_logging(None)
     try:
@@ -155,7 +156,7 @@ def run_evaluation_tool(argv: Sequence[str], evaluate: Evaluation) -> int:
         data = get_or_extract(cfg, layer)
         record = evaluate(cfg, layer, data)
     except (CheckpointError, ConfigError, ExtractionError, FileNotFoundError,
-            NotADirectoryError, UnknownNameError, ValueError) as err:
+            NotADirectoryError, RunLockError, UnknownNameError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     append_metrics(str(extraction_dir(cfg)), record)

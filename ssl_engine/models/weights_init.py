@@ -21,6 +21,10 @@ WHERE = "MODEL.WEIGHTS_INIT"
 MAX_LOGGED_NAMES = 10
 
 
+class WeightsInitError(ValueError):
+    """The weights file does not fit: not a state dict, no matching key, other shapes."""
+
+
 @dataclass
 class WeightsInitReport:
     """What ``load_weights_init`` did with every key, in file (or model) order."""
@@ -46,9 +50,11 @@ def _is_tensor_dict(obj: Any) -> bool:
     return isinstance(obj, Mapping) and all(torch.is_tensor(v) for v in obj.values())
 
 
-def flatten_engine_state(state: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+def flatten_engine_state(state: Mapping[str, Any], path: Any = "the file",
+                         key_name: str = "") -> Dict[str, torch.Tensor]:
     """A state dict of tensors from either a plain state dict or this engine's model state
-    (``{base_model: {model: {trunk, heads}}}`` or any part of it) as "trunk.<k>"/"heads.<k>"."""
+    (``{base_model: {model: {trunk, heads}}}`` or any part of it) as "trunk.<k>"/"heads.<k>".
+    ``path`` and ``key_name`` (the STATE_DICT_KEY_NAME used) only word the error."""
     for key in ("base_model", "model"):
         if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
             state = state[key]
@@ -57,27 +63,34 @@ def flatten_engine_state(state: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     ):
         return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in state[part].items()}
     if not _is_tensor_dict(state):
-        found = sorted(state)[:MAX_LOGGED_NAMES] if isinstance(state, Mapping) else type(state)
-        raise ValueError(
-            f"{WHERE}: the file holds neither a state dict of tensors nor this engine's model "
-            f"state (found {found}); check STATE_DICT_KEY_NAME"
+        if isinstance(state, Mapping):
+            found = f"its keys: {[str(k) for k in list(state)[:MAX_LOGGED_NAMES]]}"
+        else:
+            found = f"it holds a {type(state).__name__}"
+        under = f" under STATE_DICT_KEY_NAME '{key_name}'" if key_name else ""
+        raise WeightsInitError(
+            f"{WHERE}: {path} holds neither a state dict of tensors nor this engine's model "
+            f"state{under} ({found}); set config.{WHERE}.STATE_DICT_KEY_NAME to the key that "
+            "holds the weights (e.g. state_dict, model), or to '' for a plain state dict"
         )
     return dict(state)
 
 
-def read_state(weights_cfg: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
-    """The file's state dict, with its keys mapped by REMOVE_PREFIX then APPEND_PREFIX."""
+def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False) -> Dict[str, torch.Tensor]:
+    """The file's state dict, with its keys mapped by REMOVE_PREFIX then APPEND_PREFIX.
+    ``mmap=True`` maps the tensors instead of reading them (for checks)."""
     path = Path(str(weights_cfg.get("PARAMS_FILE")))
     if not path.is_file():
         raise FileNotFoundError(f"{WHERE}.PARAMS_FILE {path} does not exist")
-    contents = load_checkpoint(path)
+    contents = load_checkpoint(path, mmap=mmap)
     key_name = weights_cfg.get("STATE_DICT_KEY_NAME") or ""
+    used_key = ""
     if key_name and key_name in contents:
-        contents = contents[key_name]
+        contents, used_key = contents[key_name], key_name
     elif key_name:
         logger.info("%s: %s has no key '%s'; using the whole file as the state dict",
                     WHERE, path, key_name)
-    state = flatten_engine_state(contents)
+    state = flatten_engine_state(contents, path, used_key)
     remove, append = weights_cfg.get("REMOVE_PREFIX") or "", weights_cfg.get("APPEND_PREFIX") or ""
     mapped = {}
     for key, value in state.items():
@@ -87,16 +100,26 @@ def read_state(weights_cfg: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     return mapped
 
 
+def check_weights_file(weights_cfg: Mapping[str, Any]) -> None:
+    """Before launch: PARAMS_FILE (when set) exists, loads weights-only and holds a state
+    dict of tensors (under STATE_DICT_KEY_NAME, or as a whole). Raises FileNotFoundError,
+    CheckpointError (unreadable, or refused as unsafe) or WeightsInitError."""
+    if weights_cfg.get("PARAMS_FILE"):
+        read_state(weights_cfg, mmap=True)
+
+
 def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> WeightsInitReport:
     """Copy the matching tensors of ``weights_cfg["PARAMS_FILE"]`` into ``model`` and report.
 
     ``weights_cfg`` is MODEL.WEIGHTS_INIT (missing keys: no prefixes, no skipped layers).
 
-    Raises FileNotFoundError for a missing file, ValueError when a key has another shape in the
-    file than in the model (naming the key and both shapes) or when no key matched at all.
+    Raises FileNotFoundError for a missing file, CheckpointError for one that cannot be loaded
+    weights-only, WeightsInitError (a ValueError) when the file is no state dict, when a key
+    has another shape in the file than in the model (naming the key and both shapes) or when
+    no key matched at all.
     """
     if not weights_cfg.get("PARAMS_FILE"):
-        raise ValueError(f"{WHERE}.PARAMS_FILE is empty: nothing to load")
+        raise WeightsInitError(f"{WHERE}.PARAMS_FILE is empty: nothing to load")
     state = read_state(weights_cfg)
     skip_layers = [str(s) for s in weights_cfg.get("SKIP_LAYERS") or [] if str(s)]
     targets = model.state_dict()
@@ -116,13 +139,13 @@ def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> Weigh
         if tuple(state[key].shape) != tuple(targets[key].shape)
     ]
     if reshaped:
-        raise ValueError(
+        raise WeightsInitError(
             f"{WHERE}: {report.params_file} does not fit the model; shape mismatches "
             f"({len(reshaped)}): " + "; ".join(reshaped)
             + " (use SKIP_LAYERS to leave such keys out)"
         )
     if not report.loaded:
-        raise ValueError(
+        raise WeightsInitError(
             f"{WHERE}: no key of {report.params_file} matches the model. File keys (after "
             f"prefixes): {list(state)[:5]}; model keys: {list(targets)[:5]}; "
             "set APPEND_PREFIX / REMOVE_PREFIX (e.g. APPEND_PREFIX=trunk. for a torchvision file)"

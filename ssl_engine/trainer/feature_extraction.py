@@ -5,7 +5,11 @@ row at its dataset index in the final files.
 Memory stays bounded by a few batches (ranks) and a chunk (the merge), whatever the dataset
 size. Final names are only given, by rename, to complete files: an extraction killed mid-way
 leaves temporary files (dot-prefixed, overwritten by the next run) and no final-named file.
+A write that fails (a full disk) removes the temporary files and ends with one ExtractionError
+naming the splits already complete; the files of earlier runs are only replaced by complete
+ones.
 """
+import errno
 import logging
 import os
 import queue
@@ -18,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ssl_engine.data.loader import stop_workers, worker_death_error
 from ssl_engine.evaluation.extracted import extracted_paths, signature_path, write_signature
 from ssl_engine.evaluation.features import feature_batches
 from ssl_engine.utils.distributed import (broadcast_object, get_rank, get_world_size,
@@ -87,6 +92,14 @@ class NpyAppender:
             raise ExtractionError(f"more than the {self.num_rows} expected rows for {self.path}")
         self.handle.write(np.ascontiguousarray(rows).data)
         self.rows += len(rows)
+
+    def discard(self) -> None:
+        """Close without flushing what a failing disk could not take (the file is deleted
+        next)."""
+        try:
+            self.handle.close()
+        except OSError:
+            pass
 
     def close(self, check: bool = True) -> None:
         self.handle.flush()
@@ -165,7 +178,7 @@ class RankWriter:
     def abort(self) -> None:
         self._stop()
         for appender in self.files.values():
-            appender.close(check=False)
+            appender.discard()
 
 
 # ---------------------------------------------------------------------- merging
@@ -278,6 +291,24 @@ def _remove_temporaries(folder: Path, split: str, layers: Sequence[str], tags) -
 
 
 # ---------------------------------------------------------------------- extraction
+# file-system errors of writing the output (the reads of the data raise other ones)
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+
+
+def write_failure(err: OSError, folder: Path, split: str, done: Sequence[str]) -> ExtractionError:
+    """The one message of an extraction stopped by a failing write of ``split``'s files."""
+    reason = err.strerror or str(err)
+    if err.errno in errno.errorcode:
+        reason = f"{reason} ({errno.errorcode[err.errno]})"
+    complete = (f"the {', '.join(s.lower() for s in done)} features are complete in {folder}"
+                if done else "no split of this run was complete")
+    return ExtractionError(
+        f"could not write the {split.lower()} features to {folder}: {reason}. Its temporary "
+        f"files were removed and files of earlier runs left as they were; {complete}. Free "
+        "space and run the extraction again"
+    )
+
+
 def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder: Path,
                   split: str, num_samples: int, num_rows: int, device: torch.device) -> None:
     """Extract ``layers`` of one split into ``folder``. Called on every rank: this rank writes
@@ -338,9 +369,21 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
             signature_path(folder, split).unlink(missing_ok=True)
         logger.info("extracting %s (%d samples) layers %s into %s", split.lower(), len(dataset),
                     ", ".join(layers), folder)
-        extract_split(model.extract_layers, loader, layers, folder, split, len(dataset),
-                      len(loader.sampler), device)
+        batches = iter(loader)
+        try:
+            extract_split(model.extract_layers, batches, layers, folder, split, len(dataset),
+                          len(loader.sampler), device)
+            if get_rank() == 0:
+                write_signature(folder, cfg, split)
+        except OSError as err:
+            if err.errno not in _WRITE_ERRNOS:
+                raise
+            raise write_failure(err, folder, split, list(written)) from None
+        except Exception as err:
+            died = worker_death_error(err, cfg, split, batches)
+            if died is None:
+                raise
+            stop_workers(batches)
+            raise died from None
         written[split.lower()] = {layer: extracted_paths(folder, split, layer) for layer in layers}
-        if get_rank() == 0:
-            write_signature(folder, cfg, split)
     return written

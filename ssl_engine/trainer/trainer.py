@@ -9,6 +9,8 @@ import torch.distributed as dist
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.utils import rng
 from ssl_engine.data.datasources.image_io import ImageLoadError
+from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_death_error
+from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.distributed import get_rank
@@ -16,9 +18,13 @@ from ssl_engine.utils.registry import lookup
 
 logger = logging.getLogger(__name__)
 
-# Errors a user causes (bad data, a diverging run, an unreadable checkpoint), reported as
-# one message, beside what was already saved.
-USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError)
+# Errors a user causes (bad data, a diverging run, an unreadable or unsafe checkpoint, a weights
+# file that does not fit, a full disk, a dead data-loader worker), reported as one message,
+# beside what was already saved.
+USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError, WeightsInitError,
+               DataWorkerDiedError)
+RESUME_HINT = (". Checkpoints already written are intact: continue with "
+               "config.CHECKPOINT.AUTO_RESUME=true")
 
 
 def machine_ranks():
@@ -105,7 +111,14 @@ class SelfSupervisionTrainer:
             logger.error("training stopped on rank %d: %s", get_rank(), err)
             task.run_hook(Event.on_exception)
             raise
-        except BaseException:
+        except BaseException as err:
+            died = worker_death_error(err, self.cfg, "TRAIN" if task.train else "TEST",
+                                      task.data_iterator, then=RESUME_HINT)
+            if died is not None:
+                stop_workers(task.data_iterator)
+                logger.error("training stopped on rank %d: %s", get_rank(), died)
+                task.run_hook(Event.on_exception)
+                raise died from None
             logger.exception("training failed on rank %d", get_rank())
             task.run_hook(Event.on_exception)
             raise

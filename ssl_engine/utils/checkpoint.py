@@ -3,14 +3,27 @@
 A save writes to a temporary name in the same folder, fsyncs it, and renames it over the final
 name, so a crash mid-write never leaves a broken file under a checkpoint's name.  The pointer
 ``checkpoint.torch`` is a symbolic link to the newest complete file, replaced atomically too.
+A save that fails (a full disk) removes its temporary file, leaves the previous checkpoint and
+the pointer as they were, and raises CheckpointWriteError naming the last checkpoint saved.
+
+Every file is loaded weights-only (``torch.load(weights_only=True)``): tensors, numbers,
+strings and containers of them. Unpickling anything else can run code the file carries, so a
+file that needs more is refused (UnsafeCheckpointError) and nothing of it is executed. The
+one exception is numpy uint32 arrays (data, not code), the form of numpy's RNG state in
+checkpoints of earlier versions of the engine. The engine's own checkpoints are plain data: a save refuses
+state that a weights-only load could not read back.
 """
+import collections
+import errno
 import logging
 import os
 import re
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+import numpy as np
 import torch
 
 from ssl_engine.utils.io import fsync_dir
@@ -23,6 +36,55 @@ _NAME_ORDER = re.compile(r"model_(final_checkpoint_)?(phase|iteration)(\d+)\.tor
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable or not a checkpoint of this engine."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A file that holds Python objects other than weights: loading it could run code."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (full disk, failing file system)."""
+
+
+def _numpy_array_globals() -> list:
+    """What unpickling a numpy uint32 array needs (its reconstruct function under numpy 2's and
+    numpy 1's module names): the RNG states of checkpoints written before the engine saved them
+    as tensors."""
+    reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct
+    needed = [np.ndarray, np.dtype, (reconstruct, "numpy._core.multiarray._reconstruct"),
+              (reconstruct, "numpy.core.multiarray._reconstruct")]
+    uint32_dtype = getattr(getattr(np, "dtypes", None), "UInt32DType", None)  # numpy >= 1.25
+    return needed + ([uint32_dtype] if uint32_dtype is not None else [])
+
+
+_NUMPY_ARRAY_GLOBALS = _numpy_array_globals()
+# torch's weights-only refusals of an object (other failures mean a corrupt file), and the
+# names they give
+_NEEDS_OBJECTS = re.compile(r"GLOBAL |Can only (?:build|create)|call reduce|Unsupported class")
+_OBJECT_NAME = re.compile(r"GLOBAL ([\w.]+)|got <class '([\w.]+)'>")
+_PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor,
+                 torch.nn.Parameter, torch.dtype, torch.device, torch.Size)
+_PLAIN_MAPPINGS = (dict, collections.OrderedDict)
+_PLAIN_SEQUENCES = (list, tuple, set)
+
+
+def check_plain_state(state: Any, where: str = "checkpoint") -> None:
+    """Raise TypeError naming the first entry of ``state`` that a weights-only load would
+    refuse (anything but tensors, numbers, strings and dicts/lists/tuples/sets of them)."""
+    kind = type(state)
+    if kind in _PLAIN_MAPPINGS:
+        for key, value in state.items():
+            check_plain_state(key, f"{where} (key {key!r})")
+            check_plain_state(value, f"{where}/{key}")
+    elif kind in _PLAIN_SEQUENCES:
+        for index, value in enumerate(state):
+            check_plain_state(value, f"{where}[{index}]")
+    elif kind not in _PLAIN_LEAVES:
+        raise TypeError(
+            f"{where} is a {kind.__module__}.{kind.__qualname__}: checkpoints hold tensors, "
+            "numbers, strings and dicts/lists of them only (a weights-only load refuses "
+            "anything else); convert it in the get_classy_state / state_dict that returns it"
+        )
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -49,31 +111,86 @@ def point_latest_to(folder: Path, filename: str) -> None:
     tmp = folder / f".{LATEST_NAME}.{os.getpid()}.tmp"
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
-    os.symlink(filename, tmp)
-    os.replace(tmp, folder / LATEST_NAME)
+    try:
+        os.symlink(filename, tmp)
+        os.replace(tmp, folder / LATEST_NAME)
+    except BaseException:
+        if tmp.is_symlink():
+            tmp.unlink()
+        raise
     fsync_dir(folder)
 
 
+def _last_saved(folder: Path) -> str:
+    latest = latest_checkpoint_path(folder)
+    if latest is None:
+        return "no checkpoint had been saved yet, so a new run starts from the beginning"
+    return (f"the last checkpoint saved is {latest} ({LATEST_NAME} points to it); run again "
+            "with config.CHECKPOINT.AUTO_RESUME=true to continue from it")
+
+
 def save_checkpoint(folder: Path, filename: str, state: Dict[str, Any]) -> Path:
+    """Write ``state`` as ``folder/filename`` and point ``checkpoint.torch`` to it.
+
+    Raises TypeError for state a weights-only load could not read back, and
+    CheckpointWriteError when the file system fails (nothing already saved is touched)."""
+    check_plain_state(state)
     path = Path(folder) / filename
-    atomic_torch_save(state, path)
-    point_latest_to(folder, filename)
+    try:
+        atomic_torch_save(state, path)
+        point_latest_to(folder, filename)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if err.errno is not None:
+            reason = f"{reason} ({errno.errorcode.get(err.errno, err.errno)})"
+        raise CheckpointWriteError(
+            f"could not save checkpoint {path}: {reason}. Nothing already saved was touched: "
+            f"{_last_saved(folder)}"
+        ) from err
     logger.info("saved checkpoint %s", path)
     return path
 
 
-def load_checkpoint(path: Path) -> Dict[str, Any]:
-    """Load a checkpoint on the CPU, refusing unreadable files with a clear error."""
+def _reason(err: Exception) -> str:
+    """The useful line of a torch.load error (its weights-only errors are long)."""
+    text = str(err)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _refusal(path: Path, err: Exception) -> Optional[str]:
+    """The message for a file refused because it needs more than weights, else None."""
+    text = str(err)
+    if "weights only load failed" not in text.lower() or not _NEEDS_OBJECTS.search(text):
+        return None
+    names = sorted({a or b for a, b in _OBJECT_NAME.findall(text)})
+    holds = f" ({', '.join(names)})" if names else ""
+    return (f"{path} was not loaded: it holds Python objects other than weights{holds}, and "
+            "loading those could run code the file carries. Only tensors, numbers, strings and "
+            "containers of them are loaded; if you trust the file's origin, convert it once "
+            "with extra_scripts/convert_to_weights_only.py (see docs/safety.md)")
+
+
+def load_checkpoint(path: Path, mmap: bool = False) -> Dict[str, Any]:
+    """Load a checkpoint (or any weights file) on the CPU, weights-only.
+
+    ``mmap=True`` maps the tensors of a zip-format file instead of reading them (a cheap look
+    at the file's structure). Raises UnsafeCheckpointError for a file that needs more than
+    weights to load, CheckpointError for a missing, corrupt or unreadable one."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        # our checkpoints hold RNG states (numpy arrays, tuples): not weights-only data
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
+            state = torch.load(path, map_location="cpu", weights_only=True,
+                               mmap=mmap and zipfile.is_zipfile(path))
     except Exception as err:  # torch raises several kinds for truncated or foreign files
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: {err})"
-        ) from err
+        refusal = _refusal(path, err)
+        if refusal:
+            raise UnsafeCheckpointError(refusal) from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({_reason(err)})") from err
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} does not hold a dict (got {type(state).__name__})")
     return state
@@ -107,16 +224,16 @@ def latest_checkpoint_path(folder: Path) -> Optional[Path]:
     return files[-1] if files else None
 
 
-def load_latest_checkpoint(folder: Path) -> Optional[Dict[str, Any]]:
+def load_latest_checkpoint(folder: Path, mmap: bool = False) -> Optional[Dict[str, Any]]:
     """The newest checkpoint of ``folder``, or None. A corrupt one is refused, naming the
     previous file that a user can resume from instead."""
     path = latest_checkpoint_path(folder)
     if path is None:
         return None
     try:
-        return load_checkpoint(path)
+        return load_checkpoint(path, mmap=mmap)
     except CheckpointError as err:
         older = [p for p in list_checkpoints(folder) if p.resolve() != path.resolve()]
         hint = (f"; the previous checkpoint {older[-1]} is intact: move {path.name} away "
                 f"(and {LATEST_NAME}) to resume from it") if older else ""
-        raise CheckpointError(f"{err}{hint}") from err
+        raise type(err)(f"{err}{hint}") from err
