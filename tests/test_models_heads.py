@@ -53,6 +53,19 @@ def test_mlp_last_layer_relu_bn_when_not_skipped():
     assert torch.all(out >= 0)
 
 
+def test_mlp_last_layer_bn_without_relu():
+    torch.manual_seed(0)
+    head = MLP(dims=[5, 4, 3], use_bn=True, use_relu=True, last_layer_bn=True).eval()
+    reference = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 3),
+                              nn.BatchNorm1d(3)).eval()
+    randomize_bn(head)
+    copy_weights(head, reference)
+    x = torch.randn(7, 5)
+    out = head(x)
+    torch.testing.assert_close(out, reference(x))
+    assert torch.any(out < 0)
+
+
 def test_mlp_defaults_are_plain_linear_layers():
     torch.manual_seed(0)
     head = MLP(dims=[4, 6, 2])
