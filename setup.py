@@ -22,5 +22,6 @@ setup(
         # the bundled default data set (handwritten digits) and the stratified splits
         "scikit-learn",
     ],
-    extras_require={"dev": ["pytest"]},
+    # lightly: independent implementations of the SSL losses, the tests' oracle
+    extras_require={"dev": ["pytest", "lightly==1.6.0"]},
 )

@@ -2,6 +2,8 @@
 that replaces torch's when a loader worker process dies."""
 import re
 import signal
+import threading
+import traceback
 from typing import Optional
 
 import torch
@@ -28,6 +30,8 @@ def build_dataloader(
     not draw from the caller's global random state; workers are not persistent, so each epoch's
     workers see the dataset's new epoch.
     """
+    if num_workers > 0:
+        quiet_dead_worker_transfers()
     dataset.set_epoch(epoch)
     sampler = StatefulDistributedSampler(
         len(dataset),
@@ -49,6 +53,30 @@ def build_dataloader(
         persistent_workers=False,
         generator=torch.Generator().manual_seed(seed + epoch),
     )
+
+
+def _is_dead_worker_transfer(args) -> bool:
+    """A connection error in multiprocessing's resource-sharer thread: a worker died while it
+    was handing a batch's shared memory over. The loader reports the death itself."""
+    if not isinstance(args.exc_value, (ConnectionError, EOFError)):
+        return False
+    frames = traceback.extract_tb(args.exc_traceback)
+    return any(frame.filename.endswith("resource_sharer.py") for frame in frames)
+
+
+def quiet_dead_worker_transfers() -> None:
+    """Keep the resource-sharer thread's traceback about a dead worker off stderr (installed
+    once per process); every other thread error is printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_dead_worker_transfers", False):
+        return
+
+    def hook(args):
+        if not _is_dead_worker_transfer(args):
+            previous(args)
+
+    hook.quiet_dead_worker_transfers = True
+    threading.excepthook = hook
 
 
 class DataWorkerDiedError(RuntimeError):
