@@ -322,8 +322,16 @@ def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder:
             writer.append(features, targets, inds)
         writer.close()
     except BaseException:
-        writer.abort()
-        _remove_temporaries(folder, split, layers, [rank])
+        # a dead loader worker is reported by torch's SIGCHLD handler, which can raise again
+        # at any point: stop the workers first, and finish the clean-up if it is interrupted
+        stop_workers(batches)
+        for _ in range(3):
+            try:
+                writer.abort()
+                _remove_temporaries(folder, split, layers, [rank])
+                break
+            except Exception:  # noqa: BLE001  (the first error is the one raised below)
+                continue
         raise
     logger.info("%s: %d rows extracted on rank %d in %.1f s", split.lower(), num_rows, rank,
                 time.perf_counter() - start)
