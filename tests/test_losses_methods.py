@@ -193,18 +193,27 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def batch_norm_2d() -> torch.nn.BatchNorm2d:
+    """The batch norm both sides of the comparison start from (non-trivial affine weights)."""
+    bn = torch.nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 2.0, 4))
+        bn.bias.copy_(torch.linspace(-1.0, 1.0, 4))
+    return bn
+
+
+def output_weights(out: torch.Tensor) -> torch.Tensor:
+    """Fixed weights that turn a batch's output into a scalar loss, ``(out * weights).sum()``."""
+    return torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape).sin()
+
+
 def global_bn_output_and_grads(x: torch.Tensor):
     from ssl_engine.models.sync_bn import convert_to_global_bn
 
-    torch.manual_seed(0)
-    bn = convert_to_global_bn(torch.nn.Sequential(torch.nn.BatchNorm2d(4)))
-    with torch.no_grad():
-        bn[0].weight.copy_(torch.linspace(0.5, 2.0, 4))
-        bn[0].bias.copy_(torch.linspace(-1.0, 1.0, 4))
+    bn = convert_to_global_bn(torch.nn.Sequential(batch_norm_2d()))
     x = x.clone().requires_grad_(True)
     out = bn(x)
-    weights = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape).sin()
-    (out * weights).sum().backward()
+    (out * output_weights(out)).sum().backward()
     return (out.detach(), x.grad, bn[0].weight.grad, bn[0].running_mean.clone(),
             bn[0].running_var.clone())
 
@@ -221,18 +230,13 @@ def test_two_processes_match_one_process(tmp_path):
             torch.testing.assert_close(results[name][1], full_grad[rank_rows(rank)],
                                        rtol=1e-4, atol=1e-6, msg=name)
 
-    # global batch norm on 2 x LOCAL samples == torch's BatchNorm2d on the whole batch; the
-    # weight gradient is averaged over ranks as DDP does
-    torch.manual_seed(0)
-    bn = torch.nn.BatchNorm2d(4)
-    with torch.no_grad():
-        bn.weight.copy_(torch.linspace(0.5, 2.0, 4))
-        bn.bias.copy_(torch.linspace(-1.0, 1.0, 4))
+    # global batch norm on 2 x LOCAL samples == torch's BatchNorm2d on the whole batch; each
+    # rank's loss is the sum over its own samples, so the weight gradients add up over ranks
+    bn = batch_norm_2d()
     x = randn(WORLD_SIZE * LOCAL, 4, 3, 3, seed=14).requires_grad_(True)
     out = bn(x)
-    # the weights that multiply each rank's slice of the output, as each rank drew them
-    weights = torch.cat([torch.arange(o.numel(), dtype=o.dtype).reshape(o.shape).sin()
-                         for o in torch.chunk(out, WORLD_SIZE)])
+    # the weights that multiply each rank's slice of the output, as each rank made them
+    weights = torch.cat([output_weights(o) for o in torch.chunk(out, WORLD_SIZE)])
     (out * weights).sum().backward()
     outputs = torch.cat([r["global_bn"][0] for r in per_rank])
     grads = torch.cat([r["global_bn"][1] for r in per_rank])
