@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.train_steps.standard_train_step import (
     NonFiniteLossError, standard_train_step,
 )
@@ -27,7 +28,7 @@ def fake_task(loss_value):
         data_iterator=iter([batch]), to_device=lambda b: b, model=model, train=True,
         loss=lambda out, target: out.sum() * 0 + loss_value, meters=[], losses=[], loss_terms=[],
         run_hook=lambda event: None, iteration=41, phase_idx=3, iteration_num_in_phase=5,
-        optimizer=RecordingOptimizer(), where=0.5,
+        optimizer=RecordingOptimizer(), where=0.5, amp=MixedPrecision(None, "cpu"),
     )
 
 

@@ -35,8 +35,10 @@ def _check_choices(cfg: AttrDict) -> None:
     for key in _POSITIVE:
         if get_dotted(cfg, key) < 1:
             raise ConfigError(f"config.{key} must be at least 1, got {get_dotted(cfg, key)}")
-    if cfg.DATA.NUM_DATALOADER_WORKERS < 0:
-        raise ConfigError("config.DATA.NUM_DATALOADER_WORKERS must be >= 0")
+    workers = cfg.DATA.NUM_DATALOADER_WORKERS
+    if workers != "auto" and (not isinstance(workers, int) or workers < 0):
+        raise ConfigError(f"config.DATA.NUM_DATALOADER_WORKERS must be auto or an integer >= 0, "
+                          f"got {workers!r}")
 
 
 def _derive_device_and_backend(cfg: AttrDict) -> None:

@@ -11,9 +11,11 @@ from ssl_engine.config.errors import ConfigError
 from ssl_engine.utils.registry import closest_name
 
 # Patterns of sections whose children are free: keyword arguments of a component chosen by name.
-OPEN_SUBTREES = ("config.DATA.*.COLLATE_FUNCTION_PARAMS",)
+OPEN_SUBTREES = ("config.DATA.*.COLLATE_FUNCTION_PARAMS", "config.MODEL.AMP_PARAMS.AMP_ARGS")
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
 # or another scheduled parameter), while the keys of the known sub-sections are still checked.
+# Keys that take an int or the word "auto" (their default).
+INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
 
 
@@ -121,6 +123,8 @@ def validate_config(cfg: dict, schema: dict) -> None:
             default = get_dotted(schema, path)
         except KeyError:
             raise _unknown_key_error(path, schema) from None
+        if path in INT_OR_AUTO and (value == "auto" or _kind(value) == "int"):
+            continue
         if not _type_ok(default, value):
             raise ConfigError(
                 f"config key '{path}' expects {_article(_kind(default))} like {default!r}, "

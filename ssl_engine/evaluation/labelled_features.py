@@ -77,10 +77,11 @@ class EvalSplits:
         """Features of every sample of ``split`` in index order on rank 0, None elsewhere
         (a collective call: every rank must take part)."""
         from ssl_engine.data import build_dataloader
+        from ssl_engine.utils.cpu_budget import loader_workers
 
         dataset, data_cfg = self.datasets[split], self.cfg.DATA
         loader = build_dataloader(dataset, data_cfg[split],
-                                  num_workers=data_cfg.NUM_DATALOADER_WORKERS,
+                                  num_workers=loader_workers(self.cfg),
                                   pin_memory=data_cfg.PIN_MEMORY and device.type == "cuda",
                                   epoch=0, shuffle=False)
         parts = []

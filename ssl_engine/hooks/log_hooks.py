@@ -6,7 +6,7 @@ import logging
 import resource
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -48,6 +48,22 @@ def mean_loss_terms(loss_terms) -> Dict[str, float]:
 def append_metrics(folder: str, record: Dict[str, Any]) -> None:
     with open(Path(folder) / "metrics.json", "a") as handle:
         handle.write(json.dumps(record) + "\n")
+
+
+def batch_counts(batch) -> Tuple[int, int]:
+    """(images, views) in a collated batch: the distinct ``data_idx`` (every view of an image
+    shares it), and the rows of every image tensor the model or a momentum encoder sees."""
+    def rows(obj) -> int:
+        if torch.is_tensor(obj):
+            return obj.shape[0] if obj.dim() == 4 else 0
+        if isinstance(obj, (list, tuple)):
+            return sum(rows(item) for item in obj)
+        return 0
+
+    views = rows(batch.get("input")) + rows(batch.get("input_momentum")) or len(batch["target"])
+    if "data_idx" in batch:
+        return int(torch.unique(batch["data_idx"]).numel()), views
+    return len(batch["target"]), views
 
 
 class LogLossLrEtaHook(SSLHook):
@@ -93,7 +109,7 @@ class LogLossLrEtaHook(SSLHook):
         loss = mean_loss(task.losses[-self._window_steps:])
         terms = mean_loss_terms(task.loss_terms[-self._window_steps:])
         elapsed = time.perf_counter() - self._window_start
-        batch = task.last_batch["target"].shape[0] * get_world_size()
+        images, views = (count * get_world_size() for count in batch_counts(task.last_batch))
         record = {
             "phase": task.phase_type,
             "phase_idx": task.phase_idx,
@@ -103,7 +119,8 @@ class LogLossLrEtaHook(SSLHook):
             "loss": loss,
             **({"loss_terms": terms} if terms else {}),
             "lr": task.optimizer.get_lr() if task.optimizer else None,
-            "images_per_sec": batch * self._window_steps / max(elapsed, 1e-9),
+            "images_per_sec": images * self._window_steps / max(elapsed, 1e-9),
+            "views_per_sec": views * self._window_steps / max(elapsed, 1e-9),
             "data_time": self._window_data_time / self._window_steps,
             "eta_seconds": self._eta_seconds(task) if task.train else None,
             "peak_mem_mb": peak_memory_mb(task.device),
@@ -115,12 +132,13 @@ class LogLossLrEtaHook(SSLHook):
         eta_text = str(datetime.timedelta(seconds=int(eta))) if eta is not None and eta == eta else "-"
         lr_text = f"{record['lr']:.5g}" if record["lr"] is not None else "-"
         terms_text = "".join(f" ({name} {value:.4f})" for name, value in terms.items())
+        views_text = f" ({record['views_per_sec']:.1f} views/s)" if views != images else ""
         logger.info(
-            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s | lr %s | %.1f img/s | "
+            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s | lr %s | %.1f img/s%s | "
             "data %.3fs | eta %s | peak mem %.0f MiB",
             record["phase"], task.phase_idx, task.iteration, task.iteration_num_in_phase,
             task.num_iters_in_phase, loss, terms_text, lr_text, record["images_per_sec"],
-            record["data_time"], eta_text, record["peak_mem_mb"],
+            views_text, record["data_time"], eta_text, record["peak_mem_mb"],
         )
         append_metrics(self.output_dir, record)
 

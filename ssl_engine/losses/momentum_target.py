@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import torch
 
+from ssl_engine.trainer.amp import float32_outputs
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from classy_vision.losses import ClassyLoss
@@ -83,7 +85,9 @@ class MomentumTargetLoss(ClassyLoss):
     @torch.no_grad()
     def compute_target(self, task) -> None:
         self.target_network.train(task.train)
-        self.target_output = self.run_target(self.target_input(task.last_batch), task)
+        # under the step's autocast when AMP is on; the loss gets float32 like the online output
+        self.target_output = float32_outputs(self.run_target(self.target_input(task.last_batch),
+                                                             task))
 
     def momentum_at(self, step: int, total: int) -> float:
         if self.momentum_schedule == "cosine":

@@ -363,6 +363,7 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
     (no shuffling, no dropped samples)."""
     from ssl_engine.config import AttrDict
     from ssl_engine.data import build_dataloader
+    from ssl_engine.utils.cpu_budget import loader_workers
 
     model.eval()
     model.requires_grad_(False)
@@ -370,7 +371,7 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
     written = {}
     for split, dataset in datasets.items():
         split_cfg = AttrDict(dict(cfg.DATA[split], DROP_LAST=False))
-        loader = build_dataloader(dataset, split_cfg, num_workers=cfg.DATA.NUM_DATALOADER_WORKERS,
+        loader = build_dataloader(dataset, split_cfg, num_workers=loader_workers(cfg),
                                   pin_memory=cfg.DATA.PIN_MEMORY and device.type == "cuda",
                                   epoch=0, seed=cfg.SEED_VALUE, shuffle=False)
         if get_rank() == 0:  # files being replaced no longer match any recorded signature

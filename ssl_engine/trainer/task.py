@@ -6,6 +6,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions
+from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.phases import build_phases
 from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
@@ -15,13 +16,16 @@ from ssl_engine.utils.distributed import get_rank, get_world_size
 logger = logging.getLogger(__name__)
 
 
-def _to_device(obj, device: torch.device, non_blocking: bool):
+def _to_device(obj, device: torch.device, non_blocking: bool, channels_last: bool = False):
     if torch.is_tensor(obj):
-        return obj.to(device, non_blocking=non_blocking)
+        obj = obj.to(device, non_blocking=non_blocking)
+        if channels_last and obj.dim() == 4:
+            obj = obj.contiguous(memory_format=torch.channels_last)
+        return obj
     if isinstance(obj, dict):
-        return {k: _to_device(v, device, non_blocking) for k, v in obj.items()}
+        return {k: _to_device(v, device, non_blocking, channels_last) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(v, device, non_blocking) for v in obj)
+        return type(obj)(_to_device(v, device, non_blocking, channels_last) for v in obj)
     return obj
 
 
@@ -56,6 +60,7 @@ class SelfSupervisionTask(ClassyTask):
         self.checkpoint_folder = config.CHECKPOINT.DIR
         self._resume_start_iter = 0
         self._resume_rng_states = None
+        self.amp = MixedPrecision.from_config(config, self.device)
 
     @classmethod
     def from_config(cls, config, device: Optional[torch.device] = None):
@@ -81,6 +86,10 @@ class SelfSupervisionTask(ClassyTask):
             from ssl_engine.models.weights_init import load_weights_init
 
             load_weights_init(self.base_model, cfg.MODEL.WEIGHTS_INIT)
+        if cfg.MODEL.CHANNELS_LAST:
+            self.base_model.to(memory_format=torch.channels_last)
+        if cfg.MODEL.COMPILE.USE_COMPILE:  # in place: parameter names and checkpoints unchanged
+            self.base_model.trunk.compile(mode=cfg.MODEL.COMPILE.MODE)
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.loss = build_loss(cfg.LOSS).to(self.device)
         if hasattr(self.loss, "bind_model"):  # e.g. a momentum target copied from the model
@@ -135,6 +144,7 @@ class SelfSupervisionTask(ClassyTask):
         """Move to the next phase: meters, model mode, data iterator. Raises StopIteration
         after the last phase."""
         from ssl_engine.data import build_dataloader
+        from ssl_engine.utils.cpu_budget import loader_workers
 
         if self.done_training():
             raise StopIteration
@@ -153,7 +163,7 @@ class SelfSupervisionTask(ClassyTask):
         cfg = self.config
         loader = build_dataloader(
             self.datasets[split], cfg.DATA[split],
-            num_workers=cfg.DATA.NUM_DATALOADER_WORKERS,
+            num_workers=loader_workers(cfg),
             pin_memory=cfg.DATA.PIN_MEMORY and self.device.type == "cuda",
             epoch=phase["epoch"], start_iter=start_iter, seed=cfg.SEED_VALUE,
         )
@@ -177,7 +187,8 @@ class SelfSupervisionTask(ClassyTask):
         return self
 
     def to_device(self, batch):
-        return _to_device(batch, self.device, non_blocking=self.device.type == "cuda")
+        return _to_device(batch, self.device, non_blocking=self.device.type == "cuda",
+                          channels_last=bool(self.config.MODEL.CHANNELS_LAST))
 
     def train_step(self) -> None:
         self.train_step_fn(self)
@@ -211,6 +222,7 @@ class SelfSupervisionTask(ClassyTask):
             "meters": [meter.get_classy_state() for meter in self.meters],
             "losses": [float(v) for v in self.losses],
             "loss_terms": [{k: float(v) for k, v in t.items()} for t in self.loss_terms],
+            "amp_grad_scaler": self.amp.state_dict(),
         }
         if deep_copy:
             import copy
@@ -224,6 +236,7 @@ class SelfSupervisionTask(ClassyTask):
             self.optimizer.set_classy_state(state["optimizer"])
         if state.get("loss") and hasattr(self.loss, "set_classy_state"):
             self.loss.set_classy_state(state["loss"])
+        self.amp.load_state_dict(state.get("amp_grad_scaler") or {})
         self.iteration = state["iteration"]
         if state["phase_complete"]:
             self.phase_idx, self.train_phase_idx = state["phase_idx"], state["train_phase_idx"]

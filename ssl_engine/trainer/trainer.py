@@ -13,6 +13,7 @@ from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_dea
 from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
+from ssl_engine.utils.cpu_budget import configure_threads
 from ssl_engine.utils.distributed import get_rank
 from ssl_engine.utils.registry import lookup
 
@@ -56,6 +57,9 @@ class SelfSupervisionTrainer:
         self.dist_run_id = dist_run_id
         self.local_rank, self.rank, self.world_size = machine_ranks()
         self.device = self._select_device()
+        resources = configure_threads(cfg)
+        if self.rank == 0:
+            logger.info("cores: %s", resources)
         self.setup_distributed()
         rng.set_seeds(cfg.SEED_VALUE + self.rank)
         if checkpoint_folder:

@@ -9,6 +9,7 @@ import time
 import torch
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
+from ssl_engine.trainer.amp import float32_outputs
 from ssl_engine.trainer.train_steps import register_train_step
 
 
@@ -46,8 +47,10 @@ def loss_terms(loss_module) -> dict:
 def forward_loss_and_meters(task, batch) -> torch.Tensor:
     """Forward pass, loss (refused when not finite) and meter updates, with their hooks."""
     with torch.set_grad_enabled(task.train):
-        task.last_model_output = task.model(batch["input"])
-        task.run_hook(Event.on_forward)
+        with task.amp.autocast():  # MODEL.AMP_PARAMS; a no-op when off
+            output = task.model(batch["input"])
+            task.last_model_output = float32_outputs(output)  # the loss runs in float32
+            task.run_hook(Event.on_forward)
         loss = task.loss(task.last_model_output, batch["target"])
     check_loss_is_finite(task, loss)
     task.last_loss = loss.detach()
@@ -60,9 +63,15 @@ def forward_loss_and_meters(task, batch) -> torch.Tensor:
     return loss
 
 
+def backward(task, loss: torch.Tensor) -> None:
+    """Gradients of ``loss`` (scaled when float16 AMP needs it), then the backward hooks."""
+    task.amp.backward(loss)
+    task.run_hook(Event.on_backward)
+
+
 def update(task) -> None:
     """Optimizer step at the current schedule position, then count the update."""
-    task.optimizer.step(where=task.where)
+    task.amp.step(task.optimizer, where=task.where)
     task.run_hook(Event.on_update)
     task.iteration += 1
 
@@ -75,8 +84,7 @@ def standard_train_step(task):
     loss = forward_loss_and_meters(task, batch)
     if task.train:
         task.optimizer.zero_grad()
-        loss.backward()
-        task.run_hook(Event.on_backward)
+        backward(task, loss)
         update(task)
     task.iteration_num_in_phase += 1
     task.step_time = time.perf_counter() - start

@@ -1,0 +1,100 @@
+"""Mixed precision (MODEL.AMP_PARAMS) on ``torch.amp``.
+
+The model's forward pass (and a momentum target's) runs under autocast in bfloat16 or
+float16; the loss always runs in float32 on float32 copies of the model's outputs, so
+softmaxes over large logits, normalisations and cross-correlations keep their precision.
+Parameters, gradients, optimizer state and EMA updates stay float32. float16 needs a
+GradScaler (CUDA only); its state is part of the checkpoint.
+"""
+import contextlib
+from typing import Any, Dict, Optional
+
+import torch
+
+from ssl_engine.config.errors import ConfigError
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def amp_dtype(amp_cfg, device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype of MODEL.AMP_PARAMS on ``device_type`` (None: AMP off); refuses the
+    settings that cannot run: apex, an unknown dtype, float16 on a CPU."""
+    if not amp_cfg.USE_AMP:
+        return None
+    amp_type = str(amp_cfg.AMP_TYPE).lower()
+    if amp_type == "apex":
+        raise ConfigError(
+            "config.MODEL.AMP_PARAMS.AMP_TYPE=apex is not supported (apex is not maintained for "
+            "current torch): use config.MODEL.AMP_PARAMS.AMP_TYPE=pytorch, with "
+            "config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=float16 for apex's O1 on GPUs or bfloat16")
+    if amp_type != "pytorch":
+        raise ConfigError(f"config.MODEL.AMP_PARAMS.AMP_TYPE must be pytorch, got {amp_cfg.AMP_TYPE!r}")
+    args = amp_cfg.get("AMP_ARGS", None) or {}
+    name = args.get("dtype", None) or ("bfloat16" if device_type == "cpu" else "float16")
+    if str(name) not in DTYPES:
+        raise ConfigError(f"config.MODEL.AMP_PARAMS.AMP_ARGS.dtype must be one of bfloat16, float16; "
+                          f"got {name!r}")
+    dtype = DTYPES[str(name)]
+    if dtype == torch.float16 and device_type != "cuda":
+        raise ConfigError("config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=float16 needs a GPU; on a CPU use "
+                          "bfloat16 (the default there)")
+    unknown = set(args) - {"dtype", "opt_level"}
+    if unknown:
+        raise ConfigError(f"unknown MODEL.AMP_PARAMS.AMP_ARGS keys {sorted(unknown)}; "
+                          "known: dtype (bfloat16 | float16)")
+    return dtype
+
+
+class MixedPrecision:
+    """What a train step needs for AMP: ``autocast()`` for the forward pass, ``backward`` and
+    ``step`` that go through the GradScaler when there is one, and its state."""
+
+    def __init__(self, dtype: Optional[torch.dtype], device_type: str):
+        self.dtype = dtype
+        self.device_type = device_type
+        self.scaler = (torch.amp.GradScaler(device_type)
+                       if dtype == torch.float16 else None)
+
+    @classmethod
+    def from_config(cls, cfg, device: torch.device) -> "MixedPrecision":
+        return cls(amp_dtype(cfg.MODEL.AMP_PARAMS, device.type), device.type)
+
+    @property
+    def enabled(self) -> bool:
+        return self.dtype is not None
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, optimizer, **kwargs) -> None:
+        if self.scaler is None:
+            optimizer.step(**kwargs)
+        else:  # skipped when the scaled gradients overflowed; the scale then shrinks
+            self.scaler.step(optimizer, **kwargs)
+            self.scaler.update()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
+def float32_outputs(obj):
+    """``obj`` (a tensor, or lists / tuples / dicts of them) with its floating tensors in
+    float32: what a loss receives from a forward pass run under autocast."""
+    if torch.is_tensor(obj):
+        return obj.float() if obj.is_floating_point() and obj.dtype != torch.float32 else obj
+    if isinstance(obj, dict):
+        return {key: float32_outputs(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(float32_outputs(value) for value in obj)
+    return obj

@@ -1,0 +1,159 @@
+"""Speed options (MODEL.AMP_PARAMS, MODEL.CHANNELS_LAST, MODEL.COMPILE) compute what fp32
+eager computes, to a stated tolerance; a run with AMP resumes bit-exact; the log counts images
+and views apart; NUM_DATALOADER_WORKERS=auto sizes the loader from the cores."""
+import pytest
+import torch
+
+from engine_utils import final_weights, metrics, run_engine, step_losses
+from ssl_engine.config import ConfigError, load_config
+from ssl_engine.data.collators import build_collator
+from ssl_engine.hooks import SSLHook, default_hook_generator
+from ssl_engine.hooks.log_hooks import batch_counts
+from ssl_engine.losses import build_loss
+from ssl_engine.models import build_model
+from ssl_engine.trainer.amp import MixedPrecision, amp_dtype, float32_outputs
+from ssl_engine.utils.cpu_budget import auto_workers, compute_threads
+
+QUICK = ["config=test/quick_simclr_synthetic", "config.CHECKPOINT.DIR=/tmp/unused"]
+
+
+def loss_and_grads(cfg, images, channels_last=False, compile_trunk=False, amp=None):
+    """SimCLR loss of the quick config's model on ``images`` and the gradient of every
+    parameter, with the given options applied the way the task applies them."""
+    torch.manual_seed(0)
+    model = build_model(cfg.MODEL)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
+    if compile_trunk:
+        model.trunk.compile()
+    loss_fn = build_loss(cfg.LOSS)
+    amp = amp or MixedPrecision(None, "cpu")
+    with amp.autocast():
+        output = float32_outputs(model(images))
+    loss = loss_fn(output, None)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    _, cfg = load_config(QUICK)
+    images = torch.randn(16, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    return cfg, images, loss_and_grads(cfg, images)
+
+
+def test_channels_last_matches_fp32_eager(reference):
+    cfg, images, (loss, grads) = reference
+    cl_loss, cl_grads = loss_and_grads(cfg, images, channels_last=True)
+    # the same arithmetic in another memory order: only the summation order differs
+    torch.testing.assert_close(cl_loss, loss, rtol=1e-5, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(cl_grads[name], grads[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_bf16_autocast_matches_fp32_eager_to_bf16_precision(reference):
+    cfg, images, (loss, grads) = reference
+    amp = MixedPrecision(torch.bfloat16, "cpu")
+    bf_loss, bf_grads = loss_and_grads(cfg, images, amp=amp)
+    # bf16 keeps 8 bits of mantissa: the loss agrees within 2%; the gradients of this tiny
+    # random network carry that rounding (measured: cosine 0.95 over all parameters, 0.79 for
+    # the worst tensor, a batch-norm bias): they point the same way, with the same norm
+    assert bf_loss.dtype == torch.float32
+    torch.testing.assert_close(bf_loss, loss, rtol=2e-2, atol=1e-3)
+    for name in grads:  # parameters and gradients stay float32
+        assert bf_grads[name].dtype == torch.float32, name
+        assert cosine(bf_grads[name], grads[name]) > 0.7, name
+    every, every_bf = (torch.cat([g[n].flatten() for n in grads]) for g in (grads, bf_grads))
+    assert cosine(every_bf, every) > 0.9
+    assert float(every_bf.norm()) == pytest.approx(float(every.norm()), rel=0.1)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
+
+def test_compiled_trunk_matches_fp32_eager(reference):
+    cfg, images, (loss, grads) = reference
+    torch._dynamo.reset()
+    c_loss, c_grads = loss_and_grads(cfg, images, compile_trunk=True)
+    torch.testing.assert_close(c_loss, loss, rtol=1e-4, atol=1e-5)
+    for name in grads:  # fused kernels sum in another order
+        torch.testing.assert_close(c_grads[name], grads[name], rtol=1e-2, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"USE_AMP": True, "AMP_TYPE": "apex", "AMP_ARGS": {"opt_level": "O1"}}, "AMP_TYPE=pytorch"),
+    ({"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_ARGS": {"dtype": "float16"}}, "needs a GPU"),
+    ({"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_ARGS": {"dtype": "int8"}}, "bfloat16, float16"),
+    ({"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_ARGS": {"level": 1}}, "unknown"),
+])
+def test_amp_settings_that_cannot_run_are_refused(args, message):
+    from ssl_engine.config.attr_dict import AttrDict
+
+    with pytest.raises(ConfigError, match=message):
+        amp_dtype(AttrDict(args), "cpu")
+
+
+def test_amp_defaults_to_bf16_on_cpu_and_fp16_with_a_scaler_on_gpu():
+    from ssl_engine.config.attr_dict import AttrDict
+
+    on = AttrDict({"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_ARGS": {}})
+    assert amp_dtype(on, "cpu") == torch.bfloat16
+    assert amp_dtype(on, "cuda") == torch.float16
+    assert amp_dtype(AttrDict(dict(on, USE_AMP=False)), "cpu") is None
+    assert MixedPrecision(torch.bfloat16, "cpu").scaler is None
+
+
+class CrashAfter(SSLHook):
+    def on_step(self, task):
+        if task.train and task.iteration == 1:
+            raise RuntimeError("simulated crash")
+
+
+def test_bf16_run_resumes_exactly(tmp_path):
+    """BYOL (a momentum target run under autocast too) with bf16 on, crashed after its first
+    update and resumed: the same weights, bit for bit."""
+    config = "config=test/quick_byol_synthetic"
+    args = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
+            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8", "config.LOG_FREQUENCY=1",
+            "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1", "config.MODEL.AMP_PARAMS.USE_AMP=true",
+            "config.MODEL.CHANNELS_LAST=true"]
+    run_engine(tmp_path / "straight", args, config=config)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_engine(tmp_path / "crashed", args, config=config,
+                   hook_generator=lambda cfg: default_hook_generator(cfg) + [CrashAfter()])
+    run_engine(tmp_path / "crashed", args + ["config.CHECKPOINT.AUTO_RESUME=true"], config=config)
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed")
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+    assert step_losses(tmp_path / "crashed") == step_losses(tmp_path / "straight")
+    record = next(r for r in metrics(tmp_path / "straight") if r.get("phase") == "train")
+    # 8 images of 2 views each per step
+    assert record["views_per_sec"] == pytest.approx(2 * record["images_per_sec"])
+
+
+def test_throughput_counts_images_and_views_apart():
+    samples = [{"data": [torch.zeros(3, 4, 4), torch.ones(3, 4, 4)], "label": [i, i],
+                "data_idx": i, "data_valid": True} for i in range(5)]
+    assert batch_counts(build_collator("simclr_collator")(samples)) == (5, 10)
+    assert batch_counts(build_collator("moco_collator")(samples)) == (5, 10)
+    single = [dict(s, data=s["data"][:1], label=s["label"][:1]) for s in samples]
+    assert batch_counts(build_collator("default")(single)) == (5, 5)
+
+
+def test_auto_workers_leave_the_cores_to_compute_on_small_cpus():
+    assert auto_workers(2, "cpu") == 0 and compute_threads(2, 0, auto=True) == 2
+    assert auto_workers(16, "cpu") == 4 and compute_threads(16, 4, auto=True) == 12
+    assert auto_workers(16, "gpu") == 8 and auto_workers(1, "gpu") == 0
+    assert compute_threads(2, 2, auto=False) == 2  # explicit workers: torch keeps the cores
+
+
+@pytest.mark.parametrize("value, ok", [("auto", True), (3, True), ("many", False), (-1, False)])
+def test_num_dataloader_workers_takes_auto_or_a_count(value, ok):
+    override = QUICK + [f"config.DATA.NUM_DATALOADER_WORKERS={value}"]
+    if ok:
+        assert load_config(override)[1].DATA.NUM_DATALOADER_WORKERS == value
+    else:
+        with pytest.raises(ConfigError, match="NUM_DATALOADER_WORKERS"):
+            load_config(override)
