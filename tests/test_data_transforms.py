@@ -125,3 +125,23 @@ def test_multicrop_sizes_and_counts(image):
     assert [tuple(v.shape[1:]) for v in views] == [(8, 8)] * 2 + [(4, 4)] * 3
     with pytest.raises(ValueError, match="total_num_crops=4 but num_crops sum to 5"):
         build_transforms([multicrop_spec(4)])
+
+
+@pytest.mark.parametrize("kernel, size, mode", [(3, 16, "RGB"), (5, 16, "RGB"), (3, 9, "L")])
+def test_gaussian_blur_on_pil_images_equals_torchvision(kernel, size, mode):
+    """The engine's GaussianBlur gives torchvision's 8-bit image (up to rounding: 1 level),
+    reflected borders included, and draws sigma from torch's generator as torchvision does."""
+    from ssl_engine.data.transforms import known_transforms
+
+    fast = known_transforms()["GaussianBlur"](kernel, (0.1, 2.0))
+    reference = T.GaussianBlur(kernel, (0.1, 2.0))
+    rng = np.random.default_rng(0)
+    for seed in range(10):
+        image = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).convert(mode)
+        torch.manual_seed(seed)
+        expected, after_expected = np.asarray(reference(image)).astype(int), torch.rand(())
+        torch.manual_seed(seed)
+        got, after_got = np.asarray(fast(image)).astype(int), torch.rand(())
+        assert got.shape == expected.shape
+        assert np.abs(got - expected).max() <= 1
+        assert after_got == after_expected  # the same random draws

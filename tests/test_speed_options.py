@@ -142,11 +142,11 @@ def test_throughput_counts_images_and_views_apart():
     assert batch_counts(build_collator("default")(single)) == (5, 5)
 
 
-def test_auto_workers_leave_the_cores_to_compute_on_small_cpus():
-    assert auto_workers(2, "cpu") == 0 and compute_threads(2, 0, auto=True) == 2
-    assert auto_workers(16, "cpu") == 4 and compute_threads(16, 4, auto=True) == 12
+def test_auto_workers_follow_the_cores():
+    assert auto_workers(2, "cpu") == 2 and compute_threads(2, 2, auto=True) == 2
+    assert auto_workers(32, "cpu") == 8 and compute_threads(32, 8, auto=True) == 24
     assert auto_workers(16, "gpu") == 8 and auto_workers(1, "gpu") == 0
-    assert compute_threads(2, 2, auto=False) == 2  # explicit workers: torch keeps the cores
+    assert compute_threads(32, 2, auto=False) == 32  # explicit workers: torch keeps the cores
 
 
 @pytest.mark.parametrize("value, ok", [("auto", True), (3, True), ("many", False), (-1, False)])

@@ -7,11 +7,14 @@ Parameters, gradients, optimizer state and EMA updates stay float32. float16 nee
 GradScaler (CUDA only); its state is part of the checkpoint.
 """
 import contextlib
+import logging
 from typing import Any, Dict, Optional
 
 import torch
 
 from ssl_engine.config.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -47,6 +50,14 @@ def amp_dtype(amp_cfg, device_type: str) -> Optional[torch.dtype]:
     return dtype
 
 
+def cpu_has_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 natively on this CPU."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class MixedPrecision:
     """What a train step needs for AMP: ``autocast()`` for the forward pass, ``backward`` and
     ``step`` that go through the GradScaler when there is one, and its state."""
@@ -59,7 +70,12 @@ class MixedPrecision:
 
     @classmethod
     def from_config(cls, cfg, device: torch.device) -> "MixedPrecision":
-        return cls(amp_dtype(cfg.MODEL.AMP_PARAMS, device.type), device.type)
+        dtype = amp_dtype(cfg.MODEL.AMP_PARAMS, device.type)
+        if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_bf16():
+            logger.warning("config.MODEL.AMP_PARAMS.USE_AMP=true, but this CPU has no native "
+                           "bfloat16 instructions (avx512_bf16 / amx): bfloat16 is emulated and "
+                           "likely slower than float32; set config.MODEL.AMP_PARAMS.USE_AMP=false")
+        return cls(dtype, device.type)
 
     @property
     def enabled(self) -> bool:

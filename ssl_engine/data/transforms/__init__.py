@@ -1,6 +1,7 @@
 """Transforms: any torchvision.transforms class by name plus the registered SSL ones below."""
 from ssl_engine.data.transforms import (  # noqa: F401  (importing registers them)
     color_distortion,
+    fast_blur,
     gaussian_blur,
     img_replicate,
     multicrop,
