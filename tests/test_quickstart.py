@@ -1,6 +1,6 @@
 """The quickstart, run as README.md runs it, learns features better than raw pixels.
 
-This is the slowest test (the whole quickstart: about 2.5 minutes on 2 CPU cores).
+This is the slowest test (the whole quickstart: about 3 minutes on 2 CPU cores).
 """
 import json
 import subprocess

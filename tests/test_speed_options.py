@@ -11,7 +11,9 @@ from ssl_engine.hooks import SSLHook, default_hook_generator
 from ssl_engine.hooks.log_hooks import batch_counts
 from ssl_engine.losses import build_loss
 from ssl_engine.models import build_model
-from ssl_engine.trainer.amp import MixedPrecision, amp_dtype, float32_outputs
+from ssl_engine.trainer.amp import (
+    MixedPrecision, amp_dtype, compile_unavailable_reason, float32_outputs,
+)
 from ssl_engine.utils.cpu_budget import auto_workers, compute_threads
 
 QUICK = ["config=test/quick_simclr_synthetic", "config.CHECKPOINT.DIR=/tmp/unused"]
@@ -73,6 +75,8 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
 
 
+@pytest.mark.skipif(compile_unavailable_reason("cpu") is not None,
+                    reason=str(compile_unavailable_reason("cpu")))
 def test_compiled_trunk_matches_fp32_eager(reference):
     cfg, images, (loss, grads) = reference
     torch._dynamo.reset()
@@ -157,3 +161,15 @@ def test_num_dataloader_workers_takes_auto_or_a_count(value, ok):
     else:
         with pytest.raises(ConfigError, match="NUM_DATALOADER_WORKERS"):
             load_config(override)
+
+
+def test_persistent_workers_augment_each_epoch_as_fresh_workers_do(tmp_path):
+    """Two epochs with 2 loader workers kept alive between phases train exactly as with
+    workers started anew for every phase: the epoch travels with each index."""
+    args = ["config.DATA.NUM_DATALOADER_WORKERS=2", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16"]
+    run_engine(tmp_path / "persistent", args + ["config.DATA.PERSISTENT_WORKERS=true"])
+    run_engine(tmp_path / "fresh", args + ["config.DATA.PERSISTENT_WORKERS=false"])
+    persistent, fresh = final_weights(tmp_path / "persistent"), final_weights(tmp_path / "fresh")
+    for name in fresh:
+        assert torch.equal(persistent[name], fresh[name]), name
+    assert step_losses(tmp_path / "persistent") == step_losses(tmp_path / "fresh")

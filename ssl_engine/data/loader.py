@@ -22,23 +22,28 @@ def build_dataloader(
     start_iter: int = 0,
     seed: int = 0,
     shuffle: bool = True,
+    persistent: bool = False,
 ) -> DataLoader:
     """A loader over this rank's share of ``dataset`` for ``epoch``, starting at batch
     ``start_iter``. ``split_cfg`` is cfg.DATA.TRAIN or cfg.DATA.TEST.
 
     The loader has its own generator (seeded with ``seed + epoch``), so creating its iterator does
-    not draw from the caller's global random state; workers are not persistent, so each epoch's
-    workers see the dataset's new epoch.
+    not draw from the caller's global random state.  With ``persistent`` (and workers), the
+    workers live as long as the loader: move it to another epoch or start with
+    ``set_loader_position`` and iterate again; the sampler hands every index to the workers
+    with its epoch, so augmentations are those of non-persistent workers.
     """
     if num_workers > 0:
         quiet_dead_worker_transfers()
     dataset.set_epoch(epoch)
+    persistent = persistent and num_workers > 0
     sampler = StatefulDistributedSampler(
         len(dataset),
         split_cfg.BATCHSIZE_PER_REPLICA,
         shuffle=shuffle,
         seed=seed,
         drop_last=split_cfg.DROP_LAST,
+        with_epoch=persistent,
     )
     sampler.set_epoch(epoch)
     sampler.set_start_iter(start_iter)
@@ -50,9 +55,16 @@ def build_dataloader(
         pin_memory=pin_memory and torch.accelerator.is_available(),
         collate_fn=build_collator(split_cfg.COLLATE_FUNCTION, split_cfg.COLLATE_FUNCTION_PARAMS),
         drop_last=split_cfg.DROP_LAST,
-        persistent_workers=False,
+        persistent_workers=persistent,
         generator=torch.Generator().manual_seed(seed + epoch),
     )
+
+
+def set_loader_position(loader: DataLoader, epoch: int, start_iter: int = 0) -> None:
+    """Point a loader built by ``build_dataloader`` at batch ``start_iter`` of ``epoch``."""
+    loader.dataset.set_epoch(epoch)
+    loader.sampler.set_epoch(epoch)
+    loader.sampler.set_start_iter(start_iter)
 
 
 def _is_dead_worker_transfer(args) -> bool:

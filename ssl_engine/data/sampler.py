@@ -15,7 +15,9 @@ class StatefulDistributedSampler(Sampler[int]):
     together is batch t of one process whose batch is world_size times larger.
 
     ``set_start_iter(i)`` skips this rank's first ``i * batch_size`` indices, to resume an epoch.
-    ``rank`` and ``world_size`` default to those of the process group.
+    ``rank`` and ``world_size`` default to those of the process group.  With ``with_epoch``
+    it yields ``(epoch, index)`` pairs: the epoch reaches the dataset with every index, so
+    persistent loader workers (which keep their copy of the dataset) augment for the right epoch.
     """
 
     def __init__(
@@ -27,6 +29,7 @@ class StatefulDistributedSampler(Sampler[int]):
         drop_last: bool = False,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        with_epoch: bool = False,
     ):
         self.dataset_size = int(dataset_size)
         self.batch_size = int(batch_size)
@@ -43,6 +46,7 @@ class StatefulDistributedSampler(Sampler[int]):
             self.num_samples = math.ceil(self.dataset_size / self.world_size)
         self.epoch = 0
         self.start_iter = 0
+        self.with_epoch = with_epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -63,8 +67,11 @@ class StatefulDistributedSampler(Sampler[int]):
             indices += (indices * repeats)[: total - len(indices)]
         return indices[:total][self.rank :: self.world_size]
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.rank_indices()[self.start_iter * self.batch_size :])
+    def __iter__(self) -> Iterator:
+        indices = self.rank_indices()[self.start_iter * self.batch_size :]
+        if self.with_epoch:
+            return iter([(self.epoch, index) for index in indices])
+        return iter(indices)
 
     def __len__(self) -> int:
         return max(self.num_samples - self.start_iter * self.batch_size, 0)

@@ -52,13 +52,16 @@ class GenericSSLDataset(Dataset):
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, idx: int) -> Dict[str, Any]:
+    def __getitem__(self, key) -> Dict[str, Any]:
+        """``key``: an index (augmented for the epoch of ``set_epoch``), or ``(epoch, index)``
+        from a sampler that passes the epoch along."""
+        epoch, idx = key if isinstance(key, tuple) else (self.epoch, key)
         if not 0 <= idx < self.length:
             raise IndexError(f"index {idx} out of range for a dataset of {self.length} samples")
         image, label = self.source[idx]
         if self.label_type == "sample_index":
             label = idx
-        with seeded_rngs(sample_seed(self.seed_value, self.epoch, idx)):
+        with seeded_rngs(sample_seed(self.seed_value, epoch, idx)):
             views = self.transform(image)
         views = views if isinstance(views, list) else [views]
         views = [view if isinstance(view, torch.Tensor) else to_tensor(view) for view in views]

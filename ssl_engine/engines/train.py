@@ -37,12 +37,17 @@ def check_train_config(cfg) -> None:
     from ssl_engine.losses import LOSS_REGISTRY
     from ssl_engine.models.base_ssl_model import check_output_heads
     from ssl_engine.models.sync_bn import check_sync_bn_config
-    from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype
+    from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable_reason
     from ssl_engine.utils.registry import lookup
 
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
     amp_dtype(cfg.MODEL.AMP_PARAMS, "cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu")
+    if cfg.MODEL.COMPILE.USE_COMPILE:
+        reason = compile_unavailable_reason("cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu")
+        if reason:
+            raise ConfigError(f"config.MODEL.COMPILE.USE_COMPILE=true: {reason}; or set "
+                              "config.MODEL.COMPILE.USE_COMPILE=false")
     if cfg.MODEL.COMPILE.MODE not in COMPILE_MODES:
         raise ConfigError(f"config.MODEL.COMPILE.MODE must be one of {', '.join(COMPILE_MODES)}; "
                           f"got {cfg.MODEL.COMPILE.MODE!r}")

@@ -1,5 +1,6 @@
 """The SSL model: a trunk run on every input crop, then heads (chained, or one per evaluated
 stage in feature evaluation)."""
+import contextlib
 import copy
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -36,6 +37,20 @@ def concat_crops(stage: str, features: List[torch.Tensor]) -> torch.Tensor:
             f"{sorted(shapes)}; request a pooled stage or feed crops of one resolution"
         )
     return torch.cat(features, dim=0)
+
+
+@contextlib.contextmanager
+def float32_heads(features: torch.Tensor):
+    """Under autocast (MODEL.AMP_PARAMS), the heads run in float32 with autocast off: mixed
+    precision is for the trunk, where the compute is; the heads are a small part of it and
+    make the embeddings that losses compare at fine resolution.  Yields the cast to apply to
+    the heads' input."""
+    device_type = features.device.type
+    if not torch.is_autocast_enabled(device_type):
+        yield lambda tensor: tensor
+        return
+    with torch.autocast(device_type, enabled=False):
+        yield lambda tensor: tensor.float()
 
 
 def check_output_heads(indices, num_heads: int) -> List[int]:
@@ -144,14 +159,17 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             features = [torch.flatten(f, 1) for f in self.pooled_eval_features(x).values()]
             if not self.heads:
                 return features
-            return [head(feature) for head, feature in zip(self.heads, features)]
+            with float32_heads(features[0]) as to_float:
+                return [head(to_float(feature)) for head, feature in zip(self.heads, features)]
         (output,) = self.extract_features(x).values()
         if not self.heads:
             return [torch.flatten(output, 1)]
         head_outputs = []
-        for head in self.heads:
-            output = head(output)
-            head_outputs.append(output)
+        with float32_heads(output) as to_float:
+            output = to_float(output)
+            for head in self.heads:
+                output = head(output)
+                head_outputs.append(output)
         return [head_outputs[index] for index in self.output_heads]
 
     def target_copy(self, num_heads: int) -> "BaseSSLMultiInputOutputModel":

@@ -58,6 +58,19 @@ def cpu_has_bf16() -> bool:
         return False
 
 
+def compile_unavailable_reason(device_type: str) -> Optional[str]:
+    """Why torch.compile cannot build kernels here, or None.  Its CPU backend compiles C++
+    kernels whose Python bindings include Python.h."""
+    import os
+    import sysconfig
+
+    if device_type == "cpu" and not os.path.isfile(
+            os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        return ("torch.compile's CPU backend builds C++ kernels that include Python.h, which is "
+                "not installed (install the Python development headers, e.g. python3-dev)")
+    return None
+
+
 class MixedPrecision:
     """What a train step needs for AMP: ``autocast()`` for the forward pass, ``backward`` and
     ``step`` that go through the GradScaler when there is one, and its state."""

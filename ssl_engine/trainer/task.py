@@ -53,6 +53,7 @@ class SelfSupervisionTask(ClassyTask):
         self.meters: List[Any] = []
         self.datasets: Dict[str, Any] = {}
         self.data_iterator = None
+        self._loaders: Dict[str, Any] = {}  # persistent loaders by split
         self.losses: List[torch.Tensor] = []
         self.loss_terms: List[Dict[str, torch.Tensor]] = []  # named parts of each loss
         self.last_batch = self.last_model_output = self.last_loss = None
@@ -144,6 +145,7 @@ class SelfSupervisionTask(ClassyTask):
         """Move to the next phase: meters, model mode, data iterator. Raises StopIteration
         after the last phase."""
         from ssl_engine.data import build_dataloader
+        from ssl_engine.data.loader import set_loader_position
         from ssl_engine.utils.cpu_budget import loader_workers
 
         if self.done_training():
@@ -161,15 +163,30 @@ class SelfSupervisionTask(ClassyTask):
         self.iteration_num_in_phase = start_iter
         split = "TRAIN" if self.train else "TEST"
         cfg = self.config
-        loader = build_dataloader(
-            self.datasets[split], cfg.DATA[split],
-            num_workers=loader_workers(cfg),
-            pin_memory=cfg.DATA.PIN_MEMORY and self.device.type == "cuda",
-            epoch=phase["epoch"], start_iter=start_iter, seed=cfg.SEED_VALUE,
-        )
+        loader = self._loaders.get(split)
+        if loader is None:  # workers persist across phases (DATA.PERSISTENT_WORKERS)
+            loader = build_dataloader(
+                self.datasets[split], cfg.DATA[split],
+                num_workers=loader_workers(cfg),
+                pin_memory=cfg.DATA.PIN_MEMORY and self.device.type == "cuda",
+                epoch=phase["epoch"], start_iter=start_iter, seed=cfg.SEED_VALUE,
+                persistent=cfg.DATA.PERSISTENT_WORKERS,
+            )
+            if loader.persistent_workers:
+                self._loaders[split] = loader
+        else:
+            set_loader_position(loader, phase["epoch"], start_iter)
         self.num_iters_in_phase = start_iter + len(loader)
         self.data_iterator = iter(loader)
         self.model.train(self.train)
+
+    def release_loaders(self) -> None:
+        """Stop the workers of the persistent loaders (at the end of the run)."""
+        from ssl_engine.data.loader import stop_workers
+
+        for loader in self._loaders.values():
+            stop_workers(getattr(loader, "_iterator", None))
+        self._loaders.clear()
 
     def restore_rng_states(self) -> None:
         """Put back the RNG states saved with the checkpoint we resumed from (this rank's)."""

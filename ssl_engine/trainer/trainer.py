@@ -126,6 +126,8 @@ class SelfSupervisionTrainer:
             logger.exception("training failed on rank %d", get_rank())
             task.run_hook(Event.on_exception)
             raise
+        finally:
+            task.release_loaders()
 
     @staticmethod
     def _run_phase(task) -> None:

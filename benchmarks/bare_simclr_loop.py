@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""The plain-PyTorch reference of benchmarks/train_speed.py: SimCLR with torchvision's
+ResNet-50 on the same synthetic images and augmentations as
+configs/config/benchmark/simclr_resnet50_synthetic.yaml, fp32 eager, nothing but torch,
+torchvision, numpy and PIL imported.  Prints one line per iteration: ``iter <i> <ms>``.
+
+    python benchmarks/bare_simclr_loop.py [--iters 25] [--batch 8] [--workers 0]
+"""
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+import torchvision.transforms as T
+from PIL import Image
+
+
+class SyntheticPairs(torch.utils.data.Dataset):
+    """Image i: uniform noise from ``default_rng([0, i])`` (the engine's synthetic source), two
+    augmented views."""
+
+    def __init__(self, count: int, size: int):
+        self.count, self.size = count, size
+        jitter = T.ColorJitter(0.8, 0.8, 0.8, 0.2)
+        self.augment = T.Compose([
+            T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+            T.RandomApply([jitter], p=0.8), T.RandomGrayscale(p=0.2), T.ToTensor(),
+            T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ])
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        rng = np.random.default_rng([0, index])
+        image = Image.fromarray(rng.integers(0, 256, (self.size, self.size, 3), dtype=np.uint8))
+        return self.augment(image), self.augment(image)
+
+
+def info_nce(z: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
+    z = F.normalize(z, dim=1)
+    n = z.shape[0] // 2
+    logits = z @ z.t() / temperature
+    logits.fill_diagonal_(float("-inf"))
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
+    return F.cross_entropy(logits, targets)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=25)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50()
+    model.fc = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(inplace=True), nn.Linear(2048, 128))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9, weight_decay=1e-6)
+    loader = torch.utils.data.DataLoader(
+        SyntheticPairs(args.batch * args.iters, 256), batch_size=args.batch, shuffle=True,
+        num_workers=args.workers, drop_last=True)
+    model.train()
+    start = time.perf_counter()
+    for iteration, (first, second) in enumerate(loader, 1):
+        loss = info_nce(model(torch.cat([first, second])))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        now = time.perf_counter()
+        print(f"iter {iteration} {(now - start) * 1e3:.1f}", flush=True)
+        start = now
+
+
+if __name__ == "__main__":
+    main()
