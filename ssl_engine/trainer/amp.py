@@ -33,19 +33,20 @@ def amp_dtype(amp_cfg, device_type: str) -> Optional[torch.dtype]:
             "current torch): use config.MODEL.AMP_PARAMS.AMP_TYPE=pytorch, with "
             "config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=float16 for apex's O1 on GPUs or bfloat16")
     if amp_type != "pytorch":
-        raise ConfigError(f"config.MODEL.AMP_PARAMS.AMP_TYPE must be pytorch, got {amp_cfg.AMP_TYPE!r}")
+        raise ConfigError(f"config.MODEL.AMP_PARAMS.AMP_TYPE must be pytorch, "
+                          f"got {amp_cfg.AMP_TYPE!r}")
     args = amp_cfg.get("AMP_ARGS", None) or {}
     name = args.get("dtype", None) or ("bfloat16" if device_type == "cpu" else "float16")
     if str(name) not in DTYPES:
-        raise ConfigError(f"config.MODEL.AMP_PARAMS.AMP_ARGS.dtype must be one of bfloat16, float16; "
-                          f"got {name!r}")
+        raise ConfigError(f"config.MODEL.AMP_PARAMS.AMP_ARGS.dtype must be one of bfloat16, "
+                          f"float16; got {name!r}")
     dtype = DTYPES[str(name)]
     if dtype == torch.float16 and device_type != "cuda":
-        raise ConfigError("config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=float16 needs a GPU; on a CPU use "
-                          "bfloat16 (the default there)")
+        raise ConfigError("config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=float16 needs a GPU; on a CPU "
+                          "use bfloat16 (the default there)")
     unknown = set(args) - {"dtype", "opt_level"}
     if unknown:
-        raise ConfigError(f"unknown MODEL.AMP_PARAMS.AMP_ARGS keys {sorted(unknown)}; "
+        raise ConfigError(f"unknown config.MODEL.AMP_PARAMS.AMP_ARGS keys {sorted(unknown)}; "
                           "known: dtype (bfloat16 | float16)")
     return dtype
 
