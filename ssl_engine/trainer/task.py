@@ -90,7 +90,10 @@ class SelfSupervisionTask(ClassyTask):
         if cfg.MODEL.CHANNELS_LAST:
             self.base_model.to(memory_format=torch.channels_last)
         if cfg.MODEL.COMPILE.USE_COMPILE:  # in place: parameter names and checkpoints unchanged
-            self.base_model.trunk.compile(mode=cfg.MODEL.COMPILE.MODE)
+            backend = cfg.MODEL.COMPILE.BACKEND
+            self.base_model.trunk.compile(backend=backend,
+                                          mode=None if backend != "inductor" else
+                                          cfg.MODEL.COMPILE.MODE)
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.loss = build_loss(cfg.LOSS).to(self.device)
         if hasattr(self.loss, "bind_model"):  # e.g. a momentum target copied from the model
