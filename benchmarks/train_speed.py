@@ -10,8 +10,9 @@ Workloads:
   (configs/config/benchmark/simclr_resnet50_synthetic.yaml), against
   benchmarks/bare_simclr_loop.py (torchvision's ResNet-50, fp32 eager, same images and
   augmentations).
-- ``quickstart``: the SimCLR quickstart (half-width ResNet-18 on 16x16 digits, batch 128);
-  no bare loop builds that model, so its ratios are to the engine in fp32 eager.
+- ``quickstart``: the SimCLR quickstart (half-width ResNet-18 on 16x16 digits, batch 128),
+  its speed settings switched off for the fp32 variant; no bare loop builds that model, so its
+  ratios are to the engine in fp32 eager.
 
 Per variant: the median time per iteration after the first ``--warmup`` iterations (data
 loading included) over every round, its ratio to the reference, and the start-up time (launch
@@ -59,12 +60,22 @@ def timed_process(command, first_line: str):
     return startup, lines
 
 
-def run_bare(args, out_dir: Path):
+def run_bare(args):
     command = [sys.executable, "benchmarks/bare_simclr_loop.py", f"--iters={args.iters}",
                f"--batch={args.batch}", f"--workers={args.bare_workers}"]
     startup, lines = timed_process(command, "iter 1 ")
     times = [float(line.split()[2]) for line in lines if line.startswith("iter ")]
     return startup, times
+
+
+def quickstart_steps() -> tuple:
+    """(images per step, steps per epoch) of the SimCLR quickstart, from its config and data."""
+    from ssl_engine.config import load_config
+    from ssl_engine.data import build_dataset
+
+    _, cfg = load_config(["config=quickstart/simclr_digits"])
+    batch = cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA
+    return batch, len(build_dataset(cfg, "TRAIN")) // batch
 
 
 def engine_command(args, overrides, folder: Path):
@@ -73,8 +84,10 @@ def engine_command(args, overrides, folder: Path):
                 f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
                 f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={args.batch * args.iters}"]
     else:
+        # the recipe runs bf16 + channels_last: start every variant from fp32 eager
         base = ["config=quickstart/simclr_digits", "config.HOOKS.FEATURE_REPORT.ENABLED=false",
-                f"config.OPTIMIZER.num_epochs={-(-args.iters // 9)}"]
+                "config.MODEL.AMP_PARAMS.USE_AMP=false", "config.MODEL.CHANNELS_LAST=false",
+                f"config.OPTIMIZER.num_epochs={-(-args.iters // args.steps_per_epoch)}"]
     return [sys.executable, "tools/run_distributed_engines.py", *base,
             f"config.CHECKPOINT.DIR={folder}", "config.CHECKPOINT.AUTO_RESUME=false",
             "config.CHECKPOINT.CHECKPOINT_FREQUENCY=1000", "config.LOG_FREQUENCY=1", *overrides]
@@ -85,8 +98,7 @@ def run_engine(args, overrides, folder: Path):
     records = [json.loads(line) for line in (folder / "metrics.json").read_text().splitlines()]
     steps = [r for r in records if r.get("phase") == "train"]
     # one record per iteration: images of the step / images per second of its window
-    images = args.batch if args.workload == "resnet50" else 128  # the quickstart's batch
-    times = [1e3 * images / r["images_per_sec"] for r in steps][:args.iters]
+    times = [1e3 * args.images_per_step / r["images_per_sec"] for r in steps][:args.iters]
     return startup, times
 
 
@@ -102,6 +114,8 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("overrides", nargs="*", help="config.A.B=v for every engine variant")
     args = parser.parse_args()
+    args.images_per_step, args.steps_per_epoch = (
+        (args.batch, args.iters) if args.workload == "resnet50" else quickstart_steps())
     names = (["bare fp32"] if args.workload == "resnet50" else []) + args.variants
     times = {name: [] for name in names}
     startups = {name: [] for name in names}
@@ -109,7 +123,7 @@ def main() -> int:
         for round_index in range(args.rounds):
             for index, name in enumerate(names):
                 if name == "bare fp32":
-                    startup, per_iter = run_bare(args, Path(tmp))
+                    startup, per_iter = run_bare(args)
                 else:
                     startup, per_iter = run_engine(args, [*args.overrides, *VARIANTS[name]],
                                                    Path(tmp) / f"run{round_index}_{index}")

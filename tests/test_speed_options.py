@@ -17,7 +17,7 @@ from ssl_engine.utils.cpu_budget import auto_workers, compute_threads
 QUICK = ["config=test/quick_simclr_synthetic", "config.CHECKPOINT.DIR=/tmp/unused"]
 
 
-def loss_and_grads(cfg, images, channels_last=False, compile_trunk=False, amp=None):
+def loss_and_grads(cfg, images, channels_last=False, amp=None):
     """SimCLR loss of the quick config's model on ``images`` and the gradient of every
     parameter, with the given options applied the way the task applies them."""
     torch.manual_seed(0)
@@ -25,8 +25,6 @@ def loss_and_grads(cfg, images, channels_last=False, compile_trunk=False, amp=No
     if channels_last:
         model.to(memory_format=torch.channels_last)
         images = images.contiguous(memory_format=torch.channels_last)
-    if compile_trunk:
-        model.trunk.compile()
     loss_fn = build_loss(cfg.LOSS)
     amp = amp or MixedPrecision(None, "cpu")
     with amp.autocast():

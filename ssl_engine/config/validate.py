@@ -12,10 +12,10 @@ from ssl_engine.utils.registry import closest_name
 
 # Patterns of sections whose children are free: keyword arguments of a component chosen by name.
 OPEN_SUBTREES = ("config.DATA.*.COLLATE_FUNCTION_PARAMS", "config.MODEL.AMP_PARAMS.AMP_ARGS")
-# Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
-# or another scheduled parameter), while the keys of the known sub-sections are still checked.
 # Keys that take an int or the word "auto" (their default).
 INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
+# Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
+# or another scheduled parameter), while the keys of the known sub-sections are still checked.
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
 
 

@@ -42,9 +42,10 @@ def check_train_config(cfg) -> None:
 
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
-    amp_dtype(cfg.MODEL.AMP_PARAMS, "cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu")
+    device_type = "cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu"
+    amp_dtype(cfg.MODEL.AMP_PARAMS, device_type)
     if cfg.MODEL.COMPILE.USE_COMPILE and cfg.MODEL.COMPILE.BACKEND == "inductor":
-        reason = compile_unavailable_reason("cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu")
+        reason = compile_unavailable_reason(device_type)
         if reason:
             raise ConfigError(f"config.MODEL.COMPILE.USE_COMPILE=true: {reason}; or set "
                               "config.MODEL.COMPILE.USE_COMPILE=false")

@@ -1,8 +1,9 @@
 """Mixed precision (MODEL.AMP_PARAMS) on ``torch.amp``.
 
-The model's forward pass (and a momentum target's) runs under autocast in bfloat16 or
-float16; the loss always runs in float32 on float32 copies of the model's outputs, so
-softmaxes over large logits, normalisations and cross-correlations keep their precision.
+The trunk's forward pass (the model's and a momentum target's) runs under autocast in bfloat16
+or float16; the heads run in float32 (``float32_heads`` in models/base_ssl_model.py); the loss
+always runs in float32 on float32 copies of the model's outputs, so softmaxes over large
+logits, normalisations and cross-correlations keep their precision.
 Parameters, gradients, optimizer state and EMA updates stay float32. float16 needs a
 GradScaler (CUDA only); its state is part of the checkpoint.
 """
@@ -90,10 +91,6 @@ class MixedPrecision:
                            "bfloat16 instructions (avx512_bf16 / amx): bfloat16 is emulated and "
                            "likely slower than float32; set config.MODEL.AMP_PARAMS.USE_AMP=false")
         return cls(dtype, device.type)
-
-    @property
-    def enabled(self) -> bool:
-        return self.dtype is not None
 
     def autocast(self):
         if self.dtype is None:
