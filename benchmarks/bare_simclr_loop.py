@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """The plain-PyTorch reference of benchmarks/train_speed.py: SimCLR with torchvision's
-ResNet-50 on the same synthetic images and augmentations as
+ResNet-50 (or -18) on the same synthetic images and augmentations as
 configs/config/benchmark/simclr_resnet50_synthetic.yaml, fp32 eager, nothing but torch,
 torchvision, numpy and PIL imported.  Prints one line per iteration: ``iter <i> <ms>``.
 
-    python benchmarks/bare_simclr_loop.py [--iters 25] [--batch 8] [--workers 0]
+    python benchmarks/bare_simclr_loop.py [--iters 25] [--batch 8] [--workers 0] [--depth 50|18]
 """
 import argparse
 import time
@@ -54,10 +54,12 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=25)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--depth", type=int, choices=[18, 50], default=50)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = torchvision.models.resnet50()
-    model.fc = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(inplace=True), nn.Linear(2048, 128))
+    model = getattr(torchvision.models, f"resnet{args.depth}")()
+    width = model.fc.in_features
+    model.fc = nn.Sequential(nn.Linear(width, 2048), nn.ReLU(inplace=True), nn.Linear(2048, 128))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9, weight_decay=1e-6)
     loader = torch.utils.data.DataLoader(
         SyntheticPairs(args.batch * args.iters, 256), batch_size=args.batch, shuffle=True,

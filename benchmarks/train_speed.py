@@ -10,6 +10,8 @@ Workloads:
   (configs/config/benchmark/simclr_resnet50_synthetic.yaml), against
   benchmarks/bare_simclr_loop.py (torchvision's ResNet-50, fp32 eager, same images and
   augmentations).
+- ``resnet18``: the same with a ResNet-18 trunk (a shorter step, so start-up differences
+  stand out).
 - ``quickstart``: the SimCLR quickstart (half-width ResNet-18 on 16x16 digits, batch 128),
   its speed settings switched off for the fp32 variant; no bare loop builds that model, so its
   ratios are to the engine in fp32 eager.
@@ -18,7 +20,7 @@ Per variant: the median time per iteration after the first ``--warmup`` iteratio
 loading included) over every round, its ratio to the reference, and the start-up time (launch
 to the first iteration's log line; the first iteration included).
 
-    python benchmarks/train_speed.py [--workload resnet50|quickstart] [--rounds 2] [--iters 20]
+    python benchmarks/train_speed.py [--workload resnet50|resnet18|quickstart] [--rounds 2] [--iters 20]
         [--variants ...] [config.A.B=v ...]
 """
 import argparse
@@ -34,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 AMP = "config.MODEL.AMP_PARAMS.USE_AMP=true"
 CL = "config.MODEL.CHANNELS_LAST=true"
 COMPILE = "config.MODEL.COMPILE.USE_COMPILE=true"
+DEPTHS = {"resnet50": 50, "resnet18": 18}  # the workloads with a bare loop
 VARIANTS = {
     "engine fp32": [],
     "channels_last": [CL],
@@ -62,7 +65,8 @@ def timed_process(command, first_line: str):
 
 def run_bare(args):
     command = [sys.executable, "benchmarks/bare_simclr_loop.py", f"--iters={args.iters}",
-               f"--batch={args.batch}", f"--workers={args.bare_workers}"]
+               f"--batch={args.batch}", f"--workers={args.bare_workers}",
+               f"--depth={DEPTHS[args.workload]}"]
     startup, lines = timed_process(command, "iter 1 ")
     times = [float(line.split()[2]) for line in lines if line.startswith("iter ")]
     return startup, times
@@ -79,10 +83,13 @@ def quickstart_steps() -> tuple:
 
 
 def engine_command(args, overrides, folder: Path):
-    if args.workload == "resnet50":
+    if args.workload in DEPTHS:
         base = ["config=benchmark/simclr_resnet50_synthetic",
                 f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
                 f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={args.batch * args.iters}"]
+        if args.workload == "resnet18":
+            base += ["config.MODEL.TRUNK.RESNETS.DEPTH=18",
+                     "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[512,2048,128],use_relu:true}]]"]
     else:
         # the recipe runs bf16 + channels_last: start every variant from fp32 eager
         base = ["config=quickstart/simclr_digits", "config.HOOKS.FEATURE_REPORT.ENABLED=false",
@@ -104,7 +111,7 @@ def run_engine(args, overrides, folder: Path):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=["resnet50", "quickstart"], default="resnet50")
+    parser.add_argument("--workload", choices=[*DEPTHS, "quickstart"], default="resnet50")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -115,8 +122,8 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="config.A.B=v for every engine variant")
     args = parser.parse_args()
     args.images_per_step, args.steps_per_epoch = (
-        (args.batch, args.iters) if args.workload == "resnet50" else quickstart_steps())
-    names = (["bare fp32"] if args.workload == "resnet50" else []) + args.variants
+        (args.batch, args.iters) if args.workload in DEPTHS else quickstart_steps())
+    names = (["bare fp32"] if args.workload in DEPTHS else []) + args.variants
     times = {name: [] for name in names}
     startups = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:

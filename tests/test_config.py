@@ -78,6 +78,25 @@ def test_unknown_key_in_config_file(tmp_path, monkeypatch):
         compose_config(["config=mine/bad"])
 
 
+def test_defaults_are_parsed_once_per_version_of_the_file(tmp_path, monkeypatch):
+    """defaults.yaml is cached (start-up): a caller's changes to what it got do not leak into
+    the next load, and an edited file is read again."""
+    from ssl_engine.config.compose import load_defaults
+
+    configs = tmp_path / "configs" / "config"
+    configs.mkdir(parents=True)
+    text = (REPO / "configs/config/defaults.yaml").read_text()
+    (configs / "defaults.yaml").write_text(text)
+    monkeypatch.setenv("SSL_ENGINE_CONFIG_DIR", str(tmp_path / "configs"))
+    first = load_defaults()
+    assert first["config"]["SEED_VALUE"] == 0
+    first["config"]["SEED_VALUE"] = 123
+    assert load_defaults()["config"]["SEED_VALUE"] == 0
+    (configs / "defaults.yaml").write_text(text.replace("SEED_VALUE: 0", "SEED_VALUE: 7", 1))
+    assert load_defaults()["config"]["SEED_VALUE"] == 7
+    assert compose_config([])[1].SEED_VALUE == 7
+
+
 def test_missing_config_file_is_named():
     with pytest.raises(ConfigError, match="config/nope/missing"):
         compose_config(["config=nope/missing"])

@@ -21,7 +21,7 @@ __all__ = [
 
 def compose_config(overrides: Sequence[str]) -> Tuple[str, AttrDict]:
     """Compose and validate, without derived settings: (engine_name, cfg under ``config``)."""
-    schema = OmegaConf.to_container(load_defaults(), resolve=True)
+    schema = load_defaults()
     schema.pop("defaults", None)
     validate_overrides(overrides, schema)
     composed = OmegaConf.to_container(compose_hydra_configuration(overrides), resolve=True)

@@ -1,4 +1,6 @@
 """Compose a run's config with Hydra: defaults.yaml + ``config=<group>/<name>`` + overrides."""
+import copy
+import functools
 import os
 from pathlib import Path
 from typing import List, Sequence
@@ -19,9 +21,15 @@ def config_dir() -> Path:
     return path
 
 
-def load_defaults() -> DictConfig:
-    """The schema: configs/config/defaults.yaml as loaded from disk."""
-    return OmegaConf.load(config_dir() / "config" / "defaults.yaml")
+def load_defaults() -> dict:
+    """The schema: configs/config/defaults.yaml as a plain container (a fresh copy; each
+    version of the file is parsed once per process)."""
+    return copy.deepcopy(_parsed_yaml((config_dir() / "config" / "defaults.yaml").read_text()))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_yaml(text: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.create(text), resolve=True)
 
 
 def _hydra_overrides(overrides: Sequence[str]) -> List[str]:
