@@ -21,6 +21,8 @@ setup(
         "tensorboard",
         # the bundled default data set (handwritten digits) and the stratified splits
         "scikit-learn",
+        # the vision_transformer trunk is timm's VisionTransformer (forward_intermediates)
+        "timm>=1.0.31,<2",
     ],
     # lightly: independent implementations of the SSL losses, the tests' oracle
     extras_require={"dev": ["pytest", "lightly==1.6.0"]},

@@ -1,6 +1,8 @@
 """Every method trains end to end on its tiny synthetic config; a run crashed mid-epoch and
 resumed ends bit-exact with an uninterrupted one (target networks, queues and schedules
-included); 2 processes with half the batch each train like 1 process with the whole batch."""
+included); 2 processes with half the batch each train like 1 process with the whole batch.
+(SwAV's config adds multi-crop, a queue used from the second iteration and prototypes
+frozen during the first update.)"""
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from engine_utils import final_weights, metrics, run_engine, step_losses
 from ssl_engine.hooks import SSLHook, default_hook_generator
 from ssl_engine.utils.checkpoint import load_checkpoint
 
-METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg"]
+METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -19,7 +21,8 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "byol": {"view0_to_view1", "view1_to_view0"},
          "simsiam": {"view0_to_view1", "view1_to_view0"},
          "barlow_twins": {"on_diagonal", "off_diagonal"},
-         "vicreg": {"invariance", "variance", "covariance"}}
+         "vicreg": {"invariance", "variance", "covariance"},
+         "swav": {"assign_crop0", "assign_crop1"}}
 
 
 class CrashAfter(SSLHook):
@@ -91,9 +94,12 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
                                    msg=name)
     two_loss = loss_state(tmp_path / "two")
     for name in straight_loss:
-        if name == "queue":  # every rank's keys are enqueued, in rank order: the same keys as
-            # one process enqueues, in the order the two ranks' samples interleave
-            order = lambda queue: queue[queue[:, 0].argsort()]  # noqa: E731
+        if name == "queue":  # every rank's rows are enqueued, rank after rank: the same rows
+            # as one process enqueues, in the order the two ranks' samples interleave (MoCo:
+            # [keys, dim]; SwAV: [assigned crops, rows, dim], whose checkpoint gathers the
+            # rows each rank keeps)
+            order = lambda queue: queue.gather(  # noqa: E731
+                -2, queue[..., :1].argsort(dim=-2).expand_as(queue))
             torch.testing.assert_close(order(two_loss[name]), order(straight_loss[name]),
                                        rtol=1e-3, atol=1e-3)
         elif two_loss[name].is_floating_point():

@@ -79,11 +79,32 @@ def global_batch_size(cfg: AttrDict) -> int:
     return cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA * world
 
 
+def crops_per_sample(transforms) -> int:
+    """The views each sample gets from a transform list (ImgPilToMultiCrop's total_num_crops or
+    ImgReplicatePil's num_times); 0 when no transform says."""
+    for spec in transforms or []:
+        name = spec.get("name") if isinstance(spec, dict) else None
+        if name == "ImgPilToMultiCrop":
+            return int(spec.get("total_num_crops", 0))
+        if name == "ImgReplicatePil":
+            return int(spec.get("num_times", 2))
+    return 0
+
+
+def _derive_loss_settings(cfg: AttrDict) -> None:
+    """SwAV's num_crops from the training transforms, as VISSL infers it."""
+    if cfg.LOSS.name == "swav_loss" and not cfg.TEST_ONLY:
+        crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
+        if crops:
+            cfg.LOSS.swav_loss.num_crops = crops
+
+
 def derive_settings(cfg: AttrDict) -> AttrDict:
     """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations."""
     _check_choices(cfg)
     _derive_device_and_backend(cfg)
     _check_phases(cfg)
+    _derive_loss_settings(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     from ssl_engine.optimizers import apply_auto_lr_scaling
 

@@ -21,6 +21,7 @@ from ssl_engine.losses.byol_loss import BYOLLoss  # noqa: E402
 from ssl_engine.losses.simsiam_loss import SimSiamLoss  # noqa: E402
 from ssl_engine.losses.barlow_twins_loss import BarlowTwinsLoss  # noqa: E402
 from ssl_engine.losses.vicreg_loss import VICRegLoss  # noqa: E402
+from ssl_engine.losses.swav_loss import SwAVLoss  # noqa: E402
 
 
 def build_loss(loss_cfg) -> ClassyLoss:
@@ -38,6 +39,7 @@ __all__ = [
     "MoCoLoss",
     "MoCoV3Loss",
     "SimSiamLoss",
+    "SwAVLoss",
     "VICRegLoss",
     "CrossEntropyMultipleOutputSingleTargetLoss",
     "SimclrInfoNCELoss",

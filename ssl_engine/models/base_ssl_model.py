@@ -62,6 +62,15 @@ def check_output_heads(indices, num_heads: int) -> List[int]:
     return indices
 
 
+def flatten_outputs(outputs) -> List[torch.Tensor]:
+    """Head outputs as one list: a head with several outputs (a list, e.g. swav_head's
+    embedding and prototype scores) contributes each of them in order."""
+    flat: List[torch.Tensor] = []
+    for output in outputs:
+        flat.extend(output) if isinstance(output, (list, tuple)) else flat.append(output)
+    return flat
+
+
 def freeze(module: nn.Module) -> None:
     for param in module.parameters():
         param.requires_grad = False
@@ -160,17 +169,21 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             if not self.heads:
                 return features
             with float32_heads(features[0]) as to_float:
-                return [head(to_float(feature)) for head, feature in zip(self.heads, features)]
+                return flatten_outputs(head(to_float(feature))
+                                       for head, feature in zip(self.heads, features))
         (output,) = self.extract_features(x).values()
         if not self.heads:
             return [torch.flatten(output, 1)]
         head_outputs = []
         with float32_heads(output) as to_float:
             output = to_float(output)
-            for head in self.heads:
+            for index, head in enumerate(self.heads):
+                if isinstance(output, (list, tuple)):
+                    raise ValueError(f"MODEL.HEAD.PARAMS[{index - 1}] gives several outputs: "
+                                     "such a head (e.g. swav_head) must be the last one")
                 output = head(output)
                 head_outputs.append(output)
-        return [head_outputs[index] for index in self.output_heads]
+        return flatten_outputs(head_outputs[index] for index in self.output_heads)
 
     def target_copy(self, num_heads: int) -> "BaseSSLMultiInputOutputModel":
         """A frozen copy of the trunk and the first ``num_heads`` heads that outputs the last
@@ -192,7 +205,9 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 f"the model has no heads to extract features from; set "
                 f"{SETTINGS}.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"
             )
-        num_outputs = len(self.heads) if settings.heads_per_stage else len(self.output_heads)
+        heads = (list(self.heads) if settings.heads_per_stage
+                 else [self.heads[index] for index in self.output_heads])
+        num_outputs = sum(getattr(head, "num_outputs", 1) for head in heads)
         return ["heads"] if num_outputs == 1 else [f"heads{i}" for i in range(num_outputs)]
 
     def extract_layers(self, x: ModelInput) -> Dict[str, torch.Tensor]:

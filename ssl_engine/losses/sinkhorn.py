@@ -1,0 +1,45 @@
+"""Sinkhorn-Knopp over the global batch: soft assignments of samples to prototypes with equal
+mass per prototype (SwAV, Caron et al. 2020).  Every sum over samples runs over all ranks, so
+2 processes with B rows each get the assignments 1 process gets for the 2B rows."""
+import torch
+import torch.distributed as dist
+
+from ssl_engine.utils.distributed import all_reduce_sum, is_distributed
+
+
+def _global_row_max(scores: torch.Tensor) -> torch.Tensor:
+    """[K, 1]: each prototype's highest score over the global batch."""
+    top = scores.max(dim=1, keepdim=True).values.detach().clone()
+    if is_distributed():
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return top
+
+
+@torch.no_grad()
+def distributed_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, num_iters: int = 3,
+                         use_double_precision: bool = False) -> torch.Tensor:
+    """Assignments ``Q`` [B, K] for this rank's ``scores`` [B, K] (samples x prototypes).
+
+    ``Q`` starts as ``exp(scores / epsilon)`` normalised to a total mass of 1 and is rescaled
+    ``num_iters`` times so that every prototype gets mass 1/K and every sample of the global
+    batch 1/B_global; the rows are returned normalised to sum to 1.  Each prototype's scores
+    are shifted by their maximum over the global batch first: the first rescaling of the
+    prototype's mass cancels the shift, and ``exp`` cannot overflow.
+    """
+    if epsilon <= 0:
+        raise ValueError(f"sinkhorn: epsilon must be > 0, got {epsilon}")
+    if num_iters < 1:
+        raise ValueError(f"sinkhorn: num_iters must be >= 1, got {num_iters}")
+    dtype = torch.float64 if use_double_precision else torch.float32
+    scores = scores.detach().to(dtype).t()  # [K, B]
+    q = torch.exp((scores - _global_row_max(scores)) / epsilon)
+    num_prototypes = q.shape[0]
+    global_batch = all_reduce_sum(torch.tensor(float(q.shape[1]), dtype=dtype,
+                                               device=q.device))
+    q /= all_reduce_sum(q.sum())
+    for _ in range(num_iters):
+        q /= all_reduce_sum(q.sum(dim=1, keepdim=True))  # each prototype: total mass 1 ...
+        q /= num_prototypes                              # ... then 1/K
+        q /= q.sum(dim=0, keepdim=True)                  # each sample: mass 1 ...
+        q /= global_batch                                # ... then 1/B_global
+    return (q * global_batch).t()

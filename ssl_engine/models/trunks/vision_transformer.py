@@ -1,0 +1,173 @@
+"""Vision Transformer (ViT / DeiT) trunk built on timm's VisionTransformer.
+
+Configured by MODEL.TRUNK.VISION_TRANSFORMERS with VISSL's keys and defaults.  The network is
+timm's ``VisionTransformer`` (class token, learned position embeddings, pre-norm blocks, a
+final LayerNorm, timm's truncated-normal initialisation) without its classifier, built with
+``dynamic_img_size`` so crops of any size run: the position embeddings are interpolated to
+the crop's patch grid (multi-crop, small test images).  It is held as ``vit``, so a timm or
+DINO state dict loads with MODEL.WEIGHTS_INIT.APPEND_PREFIX "trunk.vit.".
+
+Outputs, named as in VISSL (all [N, dim]):
+
+- ``lastCLS``: class token of the last block after the final norm (D, the default);
+- ``concatCLS4``: class tokens of the last 4 blocks after the final norm, concatenated (4D;
+  DINO's linear-evaluation feature);
+- ``lastPOOL``: mean of the last block's patch tokens after the final norm (D);
+- ``concatPOOL4``: the same mean for each of the last 4 blocks, concatenated (4D).
+
+The ``concat*4`` outputs exist when the trunk has at least 4 blocks.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ssl_engine.models.registry import register_model_trunk
+from ssl_engine.models.trunks.base import StagedTrunk
+
+CONFIG = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
+# VISION_TRANSFORMERS.name -> (PATCH_SIZE, NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM); the
+# other keys (image size, dropout, ...) still come from the config.
+NAMED_SIZES = {
+    "vit_b_32": (32, 12, 12, 768, 3072),
+    "vit_b_16": (16, 12, 12, 768, 3072),
+    "vit_l_32": (32, 24, 16, 1024, 4096),
+    "vit_l_16": (16, 24, 16, 1024, 4096),
+    "vit_h_14": (14, 32, 16, 1280, 5120),
+}
+CONCAT_BLOCKS = 4
+# output name -> (number of last blocks it reads, "CLS": class token | "POOL": patch mean)
+OUTPUTS: Dict[str, Tuple[int, str]] = {
+    "lastCLS": (1, "CLS"),
+    f"concatCLS{CONCAT_BLOCKS}": (CONCAT_BLOCKS, "CLS"),
+    "lastPOOL": (1, "POOL"),
+    f"concatPOOL{CONCAT_BLOCKS}": (CONCAT_BLOCKS, "POOL"),
+}
+
+
+def _not_supported(key: str, value, why: str) -> ValueError:
+    return ValueError(f"{CONFIG}.{key}={value!r} is not supported: {why}")
+
+
+def _check_unsupported(cfg) -> None:
+    """Refuse the values of VISSL's keys whose feature this trunk does not have."""
+    if cfg.get("CLASSIFIER", "token") != "token":
+        raise _not_supported("CLASSIFIER", cfg.CLASSIFIER,
+                             "only 'token' (the class token); use the lastPOOL output for the "
+                             "mean of the patch tokens")
+    qk_scale = cfg.get("QK_SCALE", False)
+    if qk_scale not in (None, False):
+        raise _not_supported("QK_SCALE", qk_scale,
+                             "attention is scaled by 1/sqrt(head dim); set it to false")
+    if cfg.get("CHECKPOINT_MLP", False):
+        raise _not_supported("CHECKPOINT_MLP", cfg.CHECKPOINT_MLP,
+                             "use CHECKPOINT_BLOCK=true to recompute whole blocks instead")
+    masking = (cfg.get("MASKED_IMAGE_MODELING") or {}).get("NAME", "")
+    if masking:
+        raise _not_supported("MASKED_IMAGE_MODELING.NAME", masking,
+                             "the trunk has no patch masking (iBOT, MSN)")
+
+
+def _sizes(cfg) -> Tuple[int, int, int, int, int]:
+    """(patch size, layers, heads, hidden dim, MLP dim) from ``name`` or the config keys."""
+    name = cfg.get("name")
+    if name:
+        if name not in NAMED_SIZES:
+            raise ValueError(f"{CONFIG}.name={name!r} is not one of {', '.join(NAMED_SIZES)} "
+                             "(or null to use PATCH_SIZE, NUM_LAYERS, NUM_HEADS, HIDDEN_DIM "
+                             "and MLP_DIM)")
+        return NAMED_SIZES[name]
+    keys = ("PATCH_SIZE", "NUM_LAYERS", "NUM_HEADS", "HIDDEN_DIM", "MLP_DIM")
+    sizes = tuple(int(cfg[key]) for key in keys)
+    for key, size in zip(keys, sizes):
+        if size < 1:
+            raise ValueError(f"{CONFIG}.{key} must be at least 1, got {size}")
+    return sizes
+
+
+def _mlp_ratio(hidden_dim: int, mlp_dim: int) -> float:
+    """timm's ``mlp_ratio``, checked to give back exactly ``mlp_dim`` as timm rounds it."""
+    ratio = mlp_dim / hidden_dim
+    if int(hidden_dim * ratio) != mlp_dim:
+        raise ValueError(f"{CONFIG}.MLP_DIM={mlp_dim} cannot be expressed as HIDDEN_DIM="
+                         f"{hidden_dim} x a ratio; choose e.g. MLP_DIM={4 * hidden_dim}")
+    return ratio
+
+
+@register_model_trunk("vision_transformer")
+class VisionTransformerTrunk(StagedTrunk):
+    """Stages: lastCLS (default), concatCLS4, lastPOOL, concatPOOL4; see the module docstring.
+
+    One forward runs the patch embedding and every block once, whatever outputs are asked
+    for, and applies the final norm only to the blocks those outputs read.
+    """
+
+    default_out_feat_key = "lastCLS"
+
+    def __init__(self, model_cfg):
+        super().__init__()
+        # imported here: timm adds about half a second to every process that imports the
+        # models, which only runs with a ViT need
+        from timm.models.vision_transformer import VisionTransformer
+
+        cfg = model_cfg.TRUNK.VISION_TRANSFORMERS
+        _check_unsupported(cfg)
+        patch_size, num_layers, num_heads, hidden_dim, mlp_dim = _sizes(cfg)
+        if hidden_dim % num_heads:
+            raise ValueError(f"{CONFIG}.NUM_HEADS={num_heads} must divide HIDDEN_DIM="
+                             f"{hidden_dim}")
+        image_size = int(cfg.IMAGE_SIZE)
+        if image_size < patch_size:
+            raise ValueError(f"{CONFIG}.IMAGE_SIZE={image_size} is smaller than the patch "
+                             f"size {patch_size}")
+        dropout = float(cfg.DROPOUT_RATE)
+        self.vit = VisionTransformer(
+            img_size=image_size,
+            patch_size=patch_size,
+            in_chans=3,
+            num_classes=0,
+            global_pool="token",
+            embed_dim=hidden_dim,
+            depth=num_layers,
+            num_heads=num_heads,
+            mlp_ratio=_mlp_ratio(hidden_dim, mlp_dim),
+            qkv_bias=bool(cfg.QKV_BIAS),
+            dynamic_img_size=True,
+            pos_drop_rate=dropout,
+            proj_drop_rate=dropout,
+            attn_drop_rate=float(cfg.ATTENTION_DROPOUT_RATE),
+            drop_path_rate=float(cfg.DROP_PATH_RATE),
+        )
+        self.vit.set_grad_checkpointing(bool(cfg.get("CHECKPOINT_BLOCK", False)))
+        self.stage_dims = {
+            name: hidden_dim * num_blocks
+            for name, (num_blocks, _) in OUTPUTS.items()
+            if num_blocks <= num_layers
+        }
+
+    def stages(self):
+        raise NotImplementedError("the ViT outputs share one pass through the blocks: "
+                                  "call forward(x, out_feat_keys)")
+
+    def forward(
+        self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None
+    ) -> List[torch.Tensor]:
+        """The outputs named in ``out_feat_keys`` (default: lastCLS), in that order."""
+        keys = self.check_out_feat_keys(out_feat_keys)
+        num_blocks = max(OUTPUTS[key][0] for key in keys)
+        # (patch tokens [N, L, D], class token [N, 1, D]) of each of the last num_blocks
+        # blocks, final norm applied, oldest first
+        blocks = self.vit.forward_intermediates(
+            x, indices=num_blocks, return_prefix_tokens=True, norm=True, output_fmt="NLC",
+            intermediates_only=True,
+        )
+        found: Dict[str, torch.Tensor] = {}
+        for key in keys:
+            if key in found:
+                continue
+            count, token = OUTPUTS[key]
+            parts = [
+                prefix[:, 0] if token == "CLS" else patches.mean(dim=1)
+                for patches, prefix in blocks[-count:]
+            ]
+            found[key] = torch.cat(parts, dim=1) if count > 1 else parts[0]
+        return [found[key] for key in keys]
