@@ -141,3 +141,29 @@ def test_command_line_error_exits_nonzero_with_one_message(tmp_path):
     assert proc.returncode == 2
     assert "did you mean 'config.OPTIMIZER.num_epochs'?" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def shipped_configs():
+    root = REPO / "configs" / "config"
+    return sorted(str(path.relative_to(root).with_suffix("")) for path in root.rglob("*.yaml")
+                  if path.name != "defaults.yaml" and path.relative_to(root).parts[0] != "exp")
+
+
+def test_every_shipped_config_composes_and_every_recipe_builds():
+    """Every file under configs/config is a valid config; every pretraining recipe's model
+    builds (on the meta device: no memory) and its loss accepts that model."""
+    import torch
+
+    from ssl_engine.losses import build_loss
+    from ssl_engine.models import build_model
+
+    names = shipped_configs()
+    assert "quickstart/simclr_digits" in names and "pretrain/swav/swav_resnet50" in names
+    for name in names:
+        _, cfg = compose_config([f"config={name}"])
+        if name.startswith("pretrain/"):
+            with torch.device("meta"):
+                model = build_model(cfg.MODEL)
+                loss = build_loss(cfg.LOSS)
+                if hasattr(loss, "bind_model"):
+                    loss.bind_model(model)
