@@ -2,7 +2,9 @@
 resumed ends bit-exact with an uninterrupted one (target networks, queues and schedules
 included); 2 processes with half the batch each train like 1 process with the whole batch.
 (SwAV's config adds multi-crop, a queue used from the second iteration and prototypes
-frozen during the first update.)"""
+frozen during the first update; DINO's multi-crop with a teacher on the global crops, a last
+layer frozen during the first update, AdamW with a weight-decay schedule and gradient
+clipping.)"""
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from engine_utils import final_weights, metrics, run_engine, step_losses
 from ssl_engine.hooks import SSLHook, default_hook_generator
 from ssl_engine.utils.checkpoint import load_checkpoint
 
-METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav"]
+METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -22,7 +24,8 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "simsiam": {"view0_to_view1", "view1_to_view0"},
          "barlow_twins": {"on_diagonal", "off_diagonal"},
          "vicreg": {"invariance", "variance", "covariance"},
-         "swav": {"assign_crop0", "assign_crop1"}}
+         "swav": {"assign_crop0", "assign_crop1"},
+         "dino": {"teacher_crop0", "teacher_crop1"}}
 
 
 class CrashAfter(SSLHook):
@@ -59,6 +62,8 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
     losses = step_losses(tmp_path / "straight")
     assert sorted(losses) == [1, 2]
     records = [r for r in metrics(tmp_path / "straight") if r.get("phase") == "train"]
+    for record in records:  # the collapse monitor logs beside the loss
+        assert 0 < record["monitor"]["embedding_std"] < 2
     if method in TERMS:  # named terms, averaged over ranks, add up to the loss
         for record in records:
             assert set(record["loss_terms"]) == TERMS[method]

@@ -4,21 +4,22 @@ from typing import List
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
 from ssl_engine.hooks.checkpoint_hook import CheckpointHook
+from ssl_engine.hooks.collapse_monitor_hook import CollapseMonitorHook
 from ssl_engine.hooks.feature_report_hook import FeatureReportHook
 from ssl_engine.hooks.frozen_params_hook import FrozenParamsHook
 from ssl_engine.hooks.knn_hook import KnnEvalHook
 from ssl_engine.hooks.log_hooks import LogLossLrEtaHook
 from ssl_engine.hooks.tensorboard_hook import TensorboardHook
 
-__all__ = ["CheckpointHook", "FeatureReportHook", "FrozenParamsHook", "KnnEvalHook",
+__all__ = ["CheckpointHook", "CollapseMonitorHook", "FeatureReportHook", "FrozenParamsHook", "KnnEvalHook",
            "LogLossLrEtaHook", "SSLClassyHookFunctions", "SSLHook", "TensorboardHook",
            "default_hook_generator"]
 
 
 def default_hook_generator(cfg) -> List[SSLHook]:
     """The hooks every run gets: logging, checkpoints (when training), then TensorBoard, the
-    online k-NN evaluation, the final feature report and temporarily frozen parameters when
-    asked, then the loss's own."""
+    online k-NN evaluation, the final feature report, the collapse monitor (self-supervised
+    training) and temporarily frozen parameters when asked, then the loss's own."""
     hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
@@ -31,6 +32,9 @@ def default_hook_generator(cfg) -> List[SSLHook]:
         hooks.append(KnnEvalHook(cfg))
     if cfg.HOOKS.FEATURE_REPORT.ENABLED:
         hooks.append(FeatureReportHook(cfg))
+    monitor = cfg.HOOKS.COLLAPSE_MONITOR
+    if monitor.ENABLED and not cfg.TEST_ONLY and not cfg.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON:
+        hooks.append(CollapseMonitorHook(monitor.MIN_EMBEDDING_STD))
     if cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP and not cfg.TEST_ONLY:
         hooks.append(FrozenParamsHook(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP))
     return hooks + loss_hooks(cfg)

@@ -108,6 +108,7 @@ class LogLossLrEtaHook(SSLHook):
             return
         loss = mean_loss(task.losses[-self._window_steps:])
         terms = mean_loss_terms(task.loss_terms[-self._window_steps:])
+        monitor = mean_loss_terms(task.monitor_stats[-self._window_steps:]) if task.train else {}
         elapsed = time.perf_counter() - self._window_start
         images, views = (count * get_world_size() for count in batch_counts(task.last_batch))
         record = {
@@ -118,6 +119,7 @@ class LogLossLrEtaHook(SSLHook):
             "iteration_in_phase": task.iteration_num_in_phase,
             "loss": loss,
             **({"loss_terms": terms} if terms else {}),
+            **({"monitor": monitor} if monitor else {}),
             "lr": task.optimizer.get_lr() if task.optimizer else None,
             "images_per_sec": images * self._window_steps / max(elapsed, 1e-9),
             "views_per_sec": views * self._window_steps / max(elapsed, 1e-9),
@@ -133,12 +135,15 @@ class LogLossLrEtaHook(SSLHook):
         lr_text = f"{record['lr']:.5g}" if record["lr"] is not None else "-"
         terms_text = "".join(f" ({name} {value:.4f})" for name, value in terms.items())
         views_text = f" ({record['views_per_sec']:.1f} views/s)" if views != images else ""
+        monitor_text = "".join(f" {name} {value:.3f}" for name, value in monitor.items())
         logger.info(
-            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s | lr %s | %.1f img/s%s | "
+            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s |%s lr %s | %.1f img/s%s | "
             "data %.3fs | eta %s | peak mem %.0f MiB",
             record["phase"], task.phase_idx, task.iteration, task.iteration_num_in_phase,
-            task.num_iters_in_phase, loss, terms_text, lr_text, record["images_per_sec"],
-            views_text, record["data_time"], eta_text, record["peak_mem_mb"],
+            task.num_iters_in_phase, loss, terms_text,
+            f" collapse monitor:{monitor_text} |" if monitor else "", lr_text,
+            record["images_per_sec"], views_text, record["data_time"], eta_text,
+            record["peak_mem_mb"],
         )
         append_metrics(self.output_dir, record)
 
@@ -150,6 +155,7 @@ class LogLossLrEtaHook(SSLHook):
             "iteration": task.iteration,
             "loss_avg": mean_loss(task.losses),
             "loss_terms_avg": mean_loss_terms(task.loss_terms),
+            "monitor_avg": mean_loss_terms(task.monitor_stats),
             "meters": meter_values(task),
             "phase_time_seconds": time.perf_counter() - self._phase_start,
         }

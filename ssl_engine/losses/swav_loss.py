@@ -7,7 +7,7 @@ the samples, the ``num_crops - 1`` predicting crops, the assigned crops and the 
 A queue of past embeddings (``queue.queue_length``, filled from ``queue.start_iter`` on) adds
 rows to the Sinkhorn problem when batches are small; only the batch's own assignments are used.
 """
-import logging
+import math
 import warnings
 from typing import Any, List, Mapping, Optional, Sequence
 
@@ -22,7 +22,14 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from classy_vision.losses import ClassyLoss, register_loss
 
-logger = logging.getLogger(__name__)
+# the assignments' entropy, as a fraction of its maximum log K, above which they are uniform:
+# the embeddings no longer tell the samples apart
+COLLAPSED_ENTROPY = 0.99
+
+
+def entropy(probabilities: torch.Tensor) -> torch.Tensor:
+    """Mean over the rows of -sum p log p."""
+    return -(probabilities * probabilities.clamp_min(1e-12).log()).sum(dim=1).mean()
 
 
 @register_loss("swav_loss")
@@ -204,9 +211,34 @@ class SwAVLoss(ClassyLoss):
                     view_scores = set_scores[view * batch:(view + 1) * batch] / self.temperature
                     term = term - (q * F.log_softmax(view_scores, dim=1)).sum(dim=1).mean()
             terms[f"assign_crop{crop}"] = term * scale
+            if slot == 0:
+                self._statistics(q, scores[0][crop * batch:(crop + 1) * batch])
         if self.train_step and self.queue.shape[1] and self.iteration >= self.queue_start_iter:
             self._enqueue(embedding.detach(), batch)
         return total_of(self, terms)
+
+    # ------------------------------------------------------------------ collapse monitor
+    @torch.no_grad()
+    def _statistics(self, q: torch.Tensor, crop_scores: torch.Tensor) -> None:
+        """Mean entropies, as fractions of log K, of the first assigned crop's assignments and
+        of its predictions (softmax of its scores / temperature), first prototype set."""
+        log_k = math.log(q.shape[1])
+        predictions = F.softmax(crop_scores.detach().float() / self.temperature, dim=1)
+        self._last_statistics = {
+            "assignment_entropy": entropy(q.float()) / log_k,
+            "prediction_entropy": entropy(predictions) / log_k,
+        }
+
+    def collapse_statistics(self):
+        return getattr(self, "_last_statistics", {})
+
+    @staticmethod
+    def collapse_warning(statistics) -> Optional[str]:
+        value = statistics.get("assignment_entropy")
+        if value is not None and float(value) > COLLAPSED_ENTROPY:
+            return (f"the assignments are uniform (entropy {float(value):.3f} of log K): every "
+                    "sample gets every prototype alike")
+        return None
 
     @torch.no_grad()
     def _enqueue(self, embedding: torch.Tensor, batch: int) -> None:

@@ -7,6 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions
 from ssl_engine.trainer.amp import MixedPrecision
+from ssl_engine.trainer.grad_clip import GradClip
 from ssl_engine.trainer.phases import build_phases
 from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
@@ -56,12 +57,14 @@ class SelfSupervisionTask(ClassyTask):
         self._loaders: Dict[str, Any] = {}  # persistent loaders by split
         self.losses: List[torch.Tensor] = []
         self.loss_terms: List[Dict[str, torch.Tensor]] = []  # named parts of each loss
+        self.monitor_stats: List[Dict[str, torch.Tensor]] = []  # collapse statistics per step
         self.last_batch = self.last_model_output = self.last_loss = None
         self.data_time = self.step_time = 0.0
         self.checkpoint_folder = config.CHECKPOINT.DIR
         self._resume_start_iter = 0
         self._resume_rng_states = None
         self.amp = MixedPrecision.from_config(config, self.device)
+        self.grad_clip = GradClip.from_config(config.MODEL.get("GRAD_CLIP"))
 
     @classmethod
     def from_config(cls, config, device: Optional[torch.device] = None):
@@ -160,7 +163,7 @@ class SelfSupervisionTask(ClassyTask):
             self.train_phase_idx += 1
         start_iter, self._resume_start_iter = self._resume_start_iter, 0
         if start_iter == 0:
-            self.losses, self.loss_terms = [], []
+            self.losses, self.loss_terms, self.monitor_stats = [], [], []
             for meter in self.meters:
                 meter.reset()
         self.iteration_num_in_phase = start_iter

@@ -1,0 +1,52 @@
+"""The collapse monitor: its statistic, its warning (once), and SwAV's entropies."""
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ssl_engine.hooks.collapse_monitor_hook import CollapseMonitorHook, embedding_std
+from ssl_engine.losses.swav_loss import SwAVLoss
+
+
+def test_embedding_std_is_one_when_spread_and_zero_when_collapsed():
+    torch.manual_seed(0)
+    spread = torch.randn(4096, 64)
+    assert embedding_std(spread).item() == pytest.approx(1.0, abs=0.02)
+    point = torch.randn(1, 64).expand(512, 64) * torch.rand(512, 1)  # one direction, scaled
+    assert embedding_std(point).item() == pytest.approx(0.0, abs=1e-5)
+    # two clusters: in between, computed independently (per-dimension std of unit vectors)
+    a, b = torch.zeros(64), torch.zeros(64)
+    a[0], b[1] = 1.0, 1.0
+    two = torch.stack([a, b]).repeat(50, 1)
+    expected = two.std(dim=0).mean().item() * 8
+    assert embedding_std(two).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_hook_records_every_training_step_and_warns_once(caplog):
+    hook = CollapseMonitorHook(min_embedding_std=0.05)
+    task = SimpleNamespace(train=True, iteration=3, monitor_stats=[], loss=torch.nn.Identity(),
+                           last_model_output=[torch.ones(8, 16)])
+    with caplog.at_level(logging.WARNING):
+        hook.on_loss_and_meter(task)
+        hook.on_loss_and_meter(task)
+    assert [float(s["embedding_std"]) for s in task.monitor_stats] == [0.0, 0.0]
+    warnings = [r for r in caplog.records if "collapse at iteration 3" in r.getMessage()]
+    assert len(warnings) == 1
+    task.train = False  # evaluation steps are not monitored
+    hook.on_loss_and_meter(task)
+    assert len(task.monitor_stats) == 2
+
+
+def test_swav_reports_entropies_and_warns_when_assignments_are_uniform():
+    loss_fn = SwAVLoss(embedding_dim=4, num_prototypes=[6])
+    same = torch.nn.functional.normalize(torch.ones(8, 4), dim=1)  # every sample alike
+    loss_fn([same, same @ torch.randn(6, 4).t()])
+    stats = loss_fn.collapse_statistics()
+    assert float(stats["assignment_entropy"]) == pytest.approx(1.0, abs=1e-4)
+    assert "uniform" in SwAVLoss.collapse_warning(stats)
+    torch.manual_seed(0)
+    distinct = torch.nn.functional.normalize(torch.randn(8, 4), dim=1)
+    loss_fn([distinct, distinct @ torch.nn.functional.normalize(torch.randn(6, 4), dim=1).t()])
+    assert float(loss_fn.collapse_statistics()["assignment_entropy"]) < 0.9
+    assert SwAVLoss.collapse_warning(loss_fn.collapse_statistics()) is None
