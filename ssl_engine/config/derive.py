@@ -92,11 +92,19 @@ def crops_per_sample(transforms) -> int:
 
 
 def _derive_loss_settings(cfg: AttrDict) -> None:
-    """SwAV's num_crops from the training transforms, as VISSL infers it."""
-    if cfg.LOSS.name == "swav_loss" and not cfg.TEST_ONLY:
+    """SwAV's and DINO's num_crops from the training transforms and DINO's output_dim from its
+    head's num_clusters, as VISSL infers them."""
+    name = cfg.LOSS.name
+    if name in ("swav_loss", "dino_loss") and not cfg.TEST_ONLY:
         crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
         if crops:
-            cfg.LOSS.swav_loss.num_crops = crops
+            cfg.LOSS[name].num_crops = crops
+    if name == "dino_loss" and cfg.MODEL.HEAD.PARAMS:
+        head = cfg.MODEL.HEAD.PARAMS[-1]
+        params = head[1] if isinstance(head, (list, tuple)) and len(head) == 2 else None
+        clusters = params.get("num_clusters") if isinstance(params, dict) else None
+        if clusters:
+            cfg.LOSS.dino_loss.output_dim = int(clusters[0])
 
 
 def derive_settings(cfg: AttrDict) -> AttrDict:

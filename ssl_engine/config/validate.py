@@ -14,6 +14,8 @@ from ssl_engine.utils.registry import closest_name
 OPEN_SUBTREES = ("config.DATA.*.COLLATE_FUNCTION_PARAMS", "config.MODEL.AMP_PARAMS.AMP_ARGS")
 # Keys that take an int or the word "auto" (their default).
 INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
+# Keys that take a number or the word "inf" (VISSL's NORM_TYPE of clipping: inf is the max-norm).
+NUMBER_OR_INF = ("config.MODEL.GRAD_CLIP.NORM_TYPE",)
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
 # or another scheduled parameter), while the keys of the known sub-sections are still checked.
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
@@ -124,6 +126,8 @@ def validate_config(cfg: dict, schema: dict) -> None:
         except KeyError:
             raise _unknown_key_error(path, schema) from None
         if path in INT_OR_AUTO and (value == "auto" or _kind(value) == "int"):
+            continue
+        if path in NUMBER_OR_INF and value == "inf":
             continue
         if not _type_ok(default, value):
             raise ConfigError(

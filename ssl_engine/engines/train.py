@@ -31,13 +31,16 @@ def check_resume_files(cfg) -> None:
 
 def check_train_config(cfg) -> None:
     """The data of every phase exists; the hooks the config asks for accept it; the model has
-    the heads the loss needs; CHECKPOINT.DIR is writable and is not another run's; the
-    checkpoint or weights file it starts from loads."""
+    the heads the loss needs; gradient clipping and the weight-decay schedule are valid;
+    CHECKPOINT.DIR is writable and is not another run's; the checkpoint or weights file it
+    starts from loads."""
     from ssl_engine.data import check_data_paths
     from ssl_engine.losses import LOSS_REGISTRY
     from ssl_engine.models.base_ssl_model import check_output_heads
     from ssl_engine.models.sync_bn import check_sync_bn_config
+    from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
     from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable_reason
+    from ssl_engine.trainer.grad_clip import GradClip
     from ssl_engine.utils.registry import lookup
 
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
@@ -53,6 +56,9 @@ def check_train_config(cfg) -> None:
         raise ConfigError(f"config.MODEL.COMPILE.MODE must be one of {', '.join(COMPILE_MODES)}; "
                           f"got {cfg.MODEL.COMPILE.MODE!r}")
     check_output_heads(cfg.MODEL.HEAD.OUTPUT_HEADS, len(cfg.MODEL.HEAD.PARAMS))
+    GradClip.from_config(cfg.MODEL.GRAD_CLIP)  # NORM_TYPE and MAX_NORM
+    if not cfg.TEST_ONLY:
+        build_weight_decay_scheduler(cfg.OPTIMIZER)
     check_model = getattr(lookup(LOSS_REGISTRY, cfg.LOSS.name, "loss"), "check_model_config", None)
     if check_model is not None:  # e.g. a predictor head the method needs
         check_model(cfg.MODEL)

@@ -22,6 +22,7 @@ from ssl_engine.losses.simsiam_loss import SimSiamLoss  # noqa: E402
 from ssl_engine.losses.barlow_twins_loss import BarlowTwinsLoss  # noqa: E402
 from ssl_engine.losses.vicreg_loss import VICRegLoss  # noqa: E402
 from ssl_engine.losses.swav_loss import SwAVLoss  # noqa: E402
+from ssl_engine.losses.dino_loss import DINOLoss  # noqa: E402
 
 
 def build_loss(loss_cfg) -> ClassyLoss:
@@ -36,6 +37,7 @@ __all__ = [
     "LOSS_REGISTRY",
     "BarlowTwinsLoss",
     "BYOLLoss",
+    "DINOLoss",
     "MoCoLoss",
     "MoCoV3Loss",
     "SimSiamLoss",

@@ -1,4 +1,5 @@
-"""Translate ``OPTIMIZER.param_schedulers.lr`` into classy_vision param schedulers.
+"""Translate ``OPTIMIZER.param_schedulers.lr`` (and ``.weight_decay``) into classy_vision param
+schedulers.
 
 A scheduler maps ``where`` (fraction of training done, in [0, 1)) to a value. Names:
 ``constant`` (value), ``linear`` / ``cosine`` (start_value, end_value), ``multistep`` (values,
@@ -87,15 +88,22 @@ class EpochQuantizedScheduler(ClassyParamScheduler):
         return self.inner(epoch / self.num_epochs)
 
 
-def build_lr_scheduler(optimizer_cfg: Mapping[str, Any]) -> ClassyParamScheduler:
-    """The learning-rate schedule of ``cfg.OPTIMIZER``: a callable ``where -> lr``."""
-    lr_cfg = optimizer_cfg["param_schedulers"]["lr"]
+def build_scheduled_param(optimizer_cfg: Mapping[str, Any], key: str) -> ClassyParamScheduler:
+    """The schedule ``cfg.OPTIMIZER.param_schedulers.<key>`` (lr, weight_decay): a callable
+    ``where -> value`` that the optimizer evaluates before every step."""
+    param_cfg = optimizer_cfg["param_schedulers"][key]
     num_epochs = optimizer_cfg["num_epochs"]
-    scheduler = build_param_scheduler(lr_cfg, num_epochs)
-    interval = lr_cfg.get("update_interval", "step")
+    scheduler = build_param_scheduler(param_cfg, num_epochs)
+    interval = param_cfg.get("update_interval", "step")
     if interval == "epoch":
         return EpochQuantizedScheduler(scheduler, num_epochs)
     if interval != "step":
-        raise ValueError(f"OPTIMIZER.param_schedulers.lr.update_interval must be step or epoch, got '{interval}'")
+        raise ValueError(f"OPTIMIZER.param_schedulers.{key}.update_interval must be step or "
+                         f"epoch, got '{interval}'")
     scheduler.update_interval = UpdateInterval.STEP
     return scheduler
+
+
+def build_lr_scheduler(optimizer_cfg: Mapping[str, Any]) -> ClassyParamScheduler:
+    """The learning-rate schedule of ``cfg.OPTIMIZER``: a callable ``where -> lr``."""
+    return build_scheduled_param(optimizer_cfg, "lr")

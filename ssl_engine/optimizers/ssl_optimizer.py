@@ -7,6 +7,7 @@ import torch.nn as nn
 from ssl_engine.optimizers.larc import LARC
 from ssl_engine.optimizers.param_groups import get_optimizer_param_groups
 from ssl_engine.optimizers.param_schedulers import build_lr_scheduler
+from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
 from ssl_engine.utils.registry import lookup
 
 with warnings.catch_warnings():
@@ -35,7 +36,9 @@ _CLASSY_SETTINGS: Dict[str, Callable[[Mapping[str, Any]], Dict[str, Any]]] = {
 class SSLOptimizer:
     """A classy_vision optimizer stepped with ``where``, the fraction of training done.
 
-    ``step(where)`` first sets the lr of every param group from the schedule at ``where``.
+    ``step(where)`` first sets the lr of every param group (and, with
+    ``param_schedulers.weight_decay``, the weight decay of the regularised one) from the
+    schedule at ``where``.
     """
 
     def __init__(self, classy_optimizer: ClassyOptimizer):
@@ -67,9 +70,10 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
     name = optimizer_cfg["name"]
     settings = lookup(_CLASSY_SETTINGS, name, "optimizer")(optimizer_cfg)
     classy_optimizer = OPTIMIZER_REGISTRY[name].from_config(settings)
+    weight_decay = build_weight_decay_scheduler(optimizer_cfg)
     param_groups = get_optimizer_param_groups(
         model,
-        weight_decay=optimizer_cfg["weight_decay"],
+        weight_decay=optimizer_cfg["weight_decay"] if weight_decay is None else weight_decay,
         regularize_bn=optimizer_cfg["regularize_bn"],
         regularize_bias=optimizer_cfg["regularize_bias"],
     )

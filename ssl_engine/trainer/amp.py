@@ -100,6 +100,12 @@ class MixedPrecision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
+    def unscale(self, optimizer) -> None:
+        """Divide the gradients by the loss scale now (before clipping them); ``step`` then
+        leaves them as they are."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
     def step(self, optimizer, **kwargs) -> None:
         if self.scaler is None:
             optimizer.step(**kwargs)

@@ -1,4 +1,5 @@
-"""The default step: forward, loss and meters, backward, optimizer and scheduler update.
+"""The default step: forward, loss and meters, backward, gradient clipping, optimizer and
+scheduler update.
 
 Its stages are functions of their own so that a custom step can reuse the ones it does not
 change (see docs/examples/my_train_step.py).
@@ -69,6 +70,16 @@ def backward(task, loss: torch.Tensor) -> None:
     task.run_hook(Event.on_backward)
 
 
+def clip_gradients(task) -> None:
+    """MODEL.GRAD_CLIP: the total norm of the model's gradients clipped (float16 gradients
+    unscaled first); a no-op when it is off."""
+    grad_clip = getattr(task, "grad_clip", None)
+    if grad_clip is None:
+        return
+    task.amp.unscale(task.optimizer)
+    grad_clip(task.base_model.parameters())
+
+
 def update(task) -> None:
     """Optimizer step at the current schedule position, then count the update."""
     task.amp.step(task.optimizer, where=task.where)
@@ -85,6 +96,7 @@ def standard_train_step(task):
     if task.train:
         task.optimizer.zero_grad()
         backward(task, loss)
+        clip_gradients(task)
         update(task)
     task.iteration_num_in_phase += 1
     task.step_time = time.perf_counter() - start

@@ -1,0 +1,189 @@
+"""DINO (Caron et al. 2021): self-distillation with no labels.
+
+The teacher is an EMA of the student (trunk and ``dino_head``) whose momentum rises from
+``momentum`` to 1 on BYOL's cosine (``MomentumTargetLoss``); it sees only the crops in
+``crops_for_teacher`` (the global crops) and runs without stochastic depth.  For every teacher
+crop ``t`` and every student crop ``s != t``:
+
+    -sum_k softmax((teacher_t - center) / teacher_temp)_k * log_softmax(student_s / student_temp)_k
+
+averaged over the samples and the pairs.  ``teacher_temp`` rises linearly from
+``teacher_temp_min`` (iteration 0) to ``teacher_temp_max`` (iteration
+``teacher_temp_warmup_iters - 1``), then stays there.  After every training loss the center
+moves towards the mean teacher output of the global batch:
+``center = ema_center * center + (1 - ema_center) * mean``.
+"""
+import warnings
+from typing import Any, List, Mapping, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ssl_engine.losses.momentum_target import MomentumTargetLoss
+from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.utils.distributed import all_reduce_sum
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from classy_vision.losses import register_loss
+
+
+def without_stochastic_depth(network: torch.nn.Module) -> None:
+    """Turn off the stochastic depth (timm's ``DropPath``) of every block of ``network``."""
+    for module in network.modules():
+        if hasattr(module, "drop_prob"):
+            module.drop_prob = 0.0
+
+
+@register_loss("dino_loss")
+class DINOLoss(MomentumTargetLoss):
+    """The model gives the ``dino_head``'s scores for all ``num_crops * B`` rows, crop-major
+    (rows ``c*B .. c*B+B-1`` are crop ``c``; ``multicrop_collator`` puts the global crops
+    first, as the first tensor of the input list).  ``crops_for_teacher`` are crop indices
+    ``0 .. T-1``: the teacher gets those rows of the input, so with 2 global crops and
+    ``[0, 1]`` it runs on the first input tensor alone.
+
+    The center (a buffer) and the teacher are the loss's state, hence in every checkpoint.
+    ``LossPositionHook`` tells the loss the iteration (for the temperature) and whether the
+    step trains (only training steps move the center)."""
+
+    def __init__(self, momentum: float = 0.996, student_temp: float = 0.1,
+                 teacher_temp_min: float = 0.04, teacher_temp_max: float = 0.07,
+                 teacher_temp_warmup_iters: int = 37500,
+                 crops_for_teacher: Sequence[int] = (0, 1), ema_center: float = 0.9,
+                 output_dim: int = 65536, num_crops: int = 2):
+        super().__init__(momentum, "cosine")
+        crops_for_teacher = [int(c) for c in crops_for_teacher]
+        if min(student_temp, teacher_temp_min, teacher_temp_max) <= 0:
+            raise ValueError(f"dino_loss: temperatures must be > 0, got student_temp="
+                             f"{student_temp}, teacher_temp_min={teacher_temp_min}, "
+                             f"teacher_temp_max={teacher_temp_max}")
+        if teacher_temp_warmup_iters < 0:
+            raise ValueError(f"dino_loss: teacher_temp_warmup_iters must be >= 0, got "
+                             f"{teacher_temp_warmup_iters}")
+        if not 0.0 <= ema_center <= 1.0:
+            raise ValueError(f"dino_loss: ema_center must be in [0, 1], got {ema_center}")
+        if num_crops < 2:
+            raise ValueError(f"dino_loss needs num_crops >= 2, got {num_crops}")
+        if not crops_for_teacher or crops_for_teacher != list(range(len(crops_for_teacher))):
+            raise ValueError(f"dino_loss: crops_for_teacher must be the first crops "
+                             f"[0, 1, ..., T-1] (the global crops), got {crops_for_teacher}")
+        if len(crops_for_teacher) > num_crops:
+            raise ValueError(f"dino_loss: crops_for_teacher {crops_for_teacher} names more "
+                             f"crops than num_crops={num_crops}")
+        self.student_temp = float(student_temp)
+        self.teacher_temp_min = float(teacher_temp_min)
+        self.teacher_temp_max = float(teacher_temp_max)
+        self.teacher_temp_warmup_iters = int(teacher_temp_warmup_iters)
+        self.crops_for_teacher = crops_for_teacher
+        self.ema_center = float(ema_center)
+        self.output_dim = int(output_dim)
+        self.num_crops = int(num_crops)
+        self.register_buffer("center", torch.zeros(1, self.output_dim))
+        # set by LossPositionHook before every loss computation
+        self.iteration, self.train_step = 0, True
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "DINOLoss":
+        return cls(
+            momentum=config.get("momentum", 0.996),
+            student_temp=config.get("student_temp", 0.1),
+            teacher_temp_min=config.get("teacher_temp_min", 0.04),
+            teacher_temp_max=config.get("teacher_temp_max", 0.07),
+            teacher_temp_warmup_iters=config.get("teacher_temp_warmup_iters", 37500),
+            crops_for_teacher=config.get("crops_for_teacher", [0, 1]),
+            ema_center=config.get("ema_center", 0.9),
+            output_dim=config.get("output_dim", 65536),
+            num_crops=config.get("num_crops", 2),
+        )
+
+    @classmethod
+    def build_hooks(cls) -> List:
+        from ssl_engine.hooks.loss_position_hook import LossPositionHook
+
+        return super().build_hooks() + [LossPositionHook()]
+
+    # ------------------------------------------------------------------ the teacher
+    def bind_model(self, model) -> None:
+        """The teacher: a copy of the student without stochastic depth (as DINO builds it);
+        the student's last head must give ``output_dim`` scores."""
+        clusters = getattr(model.heads[-1], "num_clusters", None) if len(model.heads) else None
+        if clusters is not None and int(clusters[0]) != self.output_dim:
+            raise ValueError(f"dino_loss: LOSS.dino_loss.output_dim={self.output_dim} but the "
+                             f"model's head has num_clusters={list(clusters)}")
+        super().bind_model(model)
+        without_stochastic_depth(self.target_network)
+
+    def target_input(self, batch):
+        """The rows of the teacher's crops: whole input tensors (resolution groups) where a
+        group holds only teacher crops, else the teacher crops' rows of it."""
+        inputs = batch["input"]
+        groups = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        rows = sum(group.shape[0] for group in groups)
+        if rows % self.num_crops:
+            raise ValueError(f"dino_loss got {rows} input rows, not a multiple of num_crops="
+                             f"{self.num_crops} (LOSS.dino_loss.num_crops)")
+        batch_size = rows // self.num_crops
+        selected, first = [], 0
+        for group in groups:
+            crops = group.shape[0] // batch_size
+            chosen = [c - first for c in self.crops_for_teacher if first <= c < first + crops]
+            if len(chosen) == crops:
+                selected.append(group)
+            elif chosen:
+                selected.append(group[chosen[0] * batch_size:(chosen[-1] + 1) * batch_size])
+            first += crops
+        return selected[0] if len(selected) == 1 else selected
+
+    # ------------------------------------------------------------------ the loss
+    def teacher_temp_at(self, iteration: int) -> float:
+        """The teacher temperature of ``iteration``: linear warm-up, then constant."""
+        warmup = self.teacher_temp_warmup_iters
+        if iteration >= warmup:
+            return self.teacher_temp_max
+        if warmup == 1:
+            return self.teacher_temp_min
+        step = (self.teacher_temp_max - self.teacher_temp_min) / (warmup - 1)
+        return self.teacher_temp_min + step * iteration
+
+    def _student_scores(self, output) -> torch.Tensor:
+        outputs = as_output_list(output)
+        scores = outputs[-1]
+        if scores.ndim != 2 or scores.shape[1] != self.output_dim:
+            raise ValueError(f"dino_loss expects scores of shape [N, {self.output_dim}] "
+                             f"(LOSS.dino_loss.output_dim), got {tuple(scores.shape)}")
+        return scores
+
+    def forward(self, output, target: Optional[torch.Tensor] = None) -> torch.Tensor:
+        student = self._student_scores(output)
+        teacher = self.get_target_output().detach()
+        teachers = len(self.crops_for_teacher)
+        batch = teacher.shape[0] // teachers
+        if teacher.shape[0] != teachers * batch or student.shape[0] != self.num_crops * batch:
+            raise ValueError(
+                f"dino_loss: the teacher gave {teacher.shape[0]} rows for {teachers} crop(s) "
+                f"and the student {student.shape[0]} rows for num_crops={self.num_crops}: "
+                "check LOSS.dino_loss.crops_for_teacher and num_crops against the transforms")
+        temperature = self.teacher_temp_at(self.iteration)
+        targets = F.softmax((teacher - self.center) / temperature, dim=1)
+        log_probs = F.log_softmax(student / self.student_temp, dim=1)
+        # [teacher crop, student crop]: cross-entropies summed over the samples
+        cross = -torch.einsum("tbk,sbk->ts", targets.view(teachers, batch, -1),
+                              log_probs.view(self.num_crops, batch, -1))
+        pairs = teachers * (self.num_crops - 1)
+        other_crop = torch.ones_like(cross)
+        other_crop[torch.arange(teachers), torch.tensor(self.crops_for_teacher)] = 0
+        per_teacher_crop = (cross * other_crop).sum(dim=1) / (pairs * batch)
+        terms = {f"teacher_crop{crop}": per_teacher_crop[index]
+                 for index, crop in enumerate(self.crops_for_teacher)}
+        if self.train_step:
+            self.update_center(teacher)
+        return total_of(self, terms)
+
+    @torch.no_grad()
+    def update_center(self, teacher: torch.Tensor) -> None:
+        """EMA of the center towards the mean teacher output over every rank's rows."""
+        sums = torch.cat([teacher.sum(dim=0), teacher.new_full((1,), teacher.shape[0])])
+        sums = all_reduce_sum(sums)
+        mean = sums[:-1] / sums[-1]
+        self.center.mul_(self.ema_center).add_(mean.unsqueeze(0), alpha=1.0 - self.ema_center)

@@ -1,0 +1,130 @@
+"""OPTIMIZER.param_schedulers.weight_decay: without a name the weight decay is the constant
+OPTIMIZER.weight_decay; with one, the regularised group's weight decay follows the schedule
+at every step (AdamW's decoupled decay shrinks the weights by exactly lr x scheduled value),
+unregularised groups stay at 0, epochs hold the value with update_interval epoch, a resumed
+optimizer continues bit-exactly, and bad settings are refused naming the key."""
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ssl_engine.config import ConfigError, compose_config
+from ssl_engine.optimizers import build_optimizer
+from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
+
+QUICK = "config=test/quick_simclr_synthetic"
+COSINE = ["config.OPTIMIZER.name=adamw", "config.OPTIMIZER.num_epochs=4",
+          "config.OPTIMIZER.regularize_bias=false",
+          "config.OPTIMIZER.param_schedulers.lr={name: constant, value: 0.1, "
+          "update_interval: step}",
+          "config.OPTIMIZER.param_schedulers.weight_decay={name: cosine, start_value: 0.04, "
+          "end_value: 0.4, update_interval: step}"]
+
+
+def optimizer_cfg(*overrides):
+    return compose_config([QUICK, *overrides])[1].OPTIMIZER
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 2))
+
+
+def weight_decays(optimizer):
+    return [group["weight_decay"] for group in optimizer.param_groups]
+
+
+def cosine(where: float, start: float = 0.04, end: float = 0.4) -> float:
+    return end + (start - end) * (1 + math.cos(math.pi * where)) / 2
+
+
+def test_without_a_name_the_weight_decay_is_the_constant():
+    cfg = optimizer_cfg("config.OPTIMIZER.weight_decay=0.01")
+    assert cfg.param_schedulers.weight_decay.name is None
+    assert build_weight_decay_scheduler(cfg) is None
+    optimizer = build_optimizer(cfg, tiny_model())
+    for where in (0.0, 0.5, 0.9):
+        optimizer.step(where)
+        assert weight_decays(optimizer) == [0.01, 0.0]
+
+
+def test_regularised_weights_decay_by_the_scheduled_value_at_every_step():
+    model = tiny_model()
+    optimizer = build_optimizer(optimizer_cfg(*COSINE), model)
+    regularised = [model[0].weight, model[2].weight]
+    exempt = [model[0].bias, model[1].weight, model[1].bias, model[2].bias]
+    for step in range(6):
+        where = step / 6
+        for param in model.parameters():  # Adam's own step is 0: only the decay moves them
+            param.grad = torch.zeros_like(param)
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.step(where)
+        decay = cosine(where)
+        assert weight_decays(optimizer) == pytest.approx([decay, 0.0], rel=1e-9)
+        for param, old in zip(model.parameters(), before):
+            if any(param is p for p in regularised):
+                torch.testing.assert_close(param, old * (1 - 0.1 * decay), rtol=1e-6, atol=0)
+            else:
+                assert any(param is p for p in exempt) and torch.equal(param, old)
+
+
+def test_update_interval_epoch_holds_the_value_for_a_whole_epoch():
+    overrides = COSINE[:-1] + [
+        "config.OPTIMIZER.param_schedulers.weight_decay={name: cosine, start_value: 0.04, "
+        "end_value: 0.4, update_interval: epoch}"]
+    optimizer = build_optimizer(optimizer_cfg(*overrides), tiny_model())
+    for where, epoch_start in ((0.3, 0.25), (0.49, 0.25), (0.5, 0.5), (0.99, 0.75)):
+        optimizer.step(where)
+        assert weight_decays(optimizer)[0] == pytest.approx(cosine(epoch_start), rel=1e-9)
+
+
+def test_a_resumed_optimizer_continues_the_schedule_exactly():
+    cfg = optimizer_cfg(*COSINE)
+    model = tiny_model()
+    optimizer = build_optimizer(cfg, model)
+    generator = torch.Generator().manual_seed(1)
+    grads = [[torch.randn(p.shape, generator=generator) for p in model.parameters()]
+             for _ in range(5)]
+
+    def run(model, optimizer, steps):
+        for step in steps:
+            for param, grad in zip(model.parameters(), grads[step]):
+                param.grad = grad.clone()
+            optimizer.step(step / 5)
+
+    run(model, optimizer, range(2))
+    saved_model, saved_state = copy.deepcopy(model), copy.deepcopy(optimizer.get_classy_state())
+    run(model, optimizer, range(2, 5))
+    resumed = build_optimizer(cfg, saved_model)
+    resumed.set_classy_state(saved_state)
+    run(saved_model, resumed, range(2, 5))
+    for straight, again in zip(model.parameters(), saved_model.parameters()):
+        assert torch.equal(straight, again)
+    assert weight_decays(resumed) == weight_decays(optimizer)
+
+
+def test_settings_without_a_name_and_bad_schedules_are_refused():
+    key = "config.OPTIMIZER.param_schedulers.weight_decay"
+    with pytest.raises(ValueError, match=f"{key} sets start_value, end_value but no name"):
+        build_weight_decay_scheduler(optimizer_cfg(f"{key}.start_value=0.1",
+                                                   f"{key}.end_value=0.2"))
+    with pytest.raises(ValueError, match=f"{key}: param scheduler 'cosine' needs the key "
+                                         "'start_value'"):
+        build_weight_decay_scheduler(optimizer_cfg(f"{key}.name=cosine"))
+    with pytest.raises(ValueError, match="weight_decay.update_interval must be step or epoch"):
+        build_weight_decay_scheduler(optimizer_cfg(f"{key}.name=constant", f"{key}.value=0.1",
+                                                   f"{key}.update_interval=often"))
+    with pytest.raises(ConfigError, match=f"did you mean '{key}.start_value'"):
+        optimizer_cfg(f"{key}.start_valu=0.1")
+
+
+def test_a_bad_schedule_is_refused_before_launch(tmp_path, capsys):
+    from ssl_engine.engines.launcher import main
+
+    code = main([QUICK, f"config.CHECKPOINT.DIR={tmp_path}",
+                 "config.OPTIMIZER.param_schedulers.weight_decay.start_value=0.1"])
+    assert code == 2
+    assert "weight_decay sets start_value but no name" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
