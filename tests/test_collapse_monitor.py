@@ -50,3 +50,29 @@ def test_swav_reports_entropies_and_warns_when_assignments_are_uniform():
     loss_fn([distinct, distinct @ torch.nn.functional.normalize(torch.randn(6, 4), dim=1).t()])
     assert float(loss_fn.collapse_statistics()["assignment_entropy"]) < 0.9
     assert SwAVLoss.collapse_warning(loss_fn.collapse_statistics()) is None
+
+
+def test_dino_reports_the_teacher_entropies_and_warns_on_both_collapses():
+    from ssl_engine.losses.dino_loss import DINOLoss
+
+    log_k = torch.log(torch.tensor(5.0))
+    uniform = torch.full((4, 5), 0.2)
+    loss_fn = DINOLoss(output_dim=5)
+    loss_fn._statistics(uniform)
+    stats = loss_fn.collapse_statistics()
+    assert float(stats["teacher_entropy"]) == pytest.approx(1.0, abs=1e-6)
+    assert "uniform" in DINOLoss.collapse_warning(stats)
+    one_prototype = torch.nn.functional.one_hot(torch.zeros(4, dtype=torch.long), 5).float()
+    loss_fn._statistics(one_prototype)
+    assert float(loss_fn.collapse_statistics()["teacher_mean_entropy"]) == pytest.approx(0.0)
+    assert "same prototypes" in DINOLoss.collapse_warning(loss_fn.collapse_statistics())
+    peaked = torch.nn.functional.one_hot(torch.arange(4), 5).float() * 0.9 + 0.02
+    loss_fn._statistics(peaked)
+    expected = -(peaked * peaked.log()).sum(dim=1).mean() / log_k
+    assert float(loss_fn.collapse_statistics()["teacher_entropy"]) == pytest.approx(
+        float(expected), rel=1e-6)
+    assert DINOLoss.collapse_warning(loss_fn.collapse_statistics()) is None
+    hook_task = SimpleNamespace(train=True, iteration=0, monitor_stats=[], loss=loss_fn,
+                                last_model_output=[torch.randn(4, 5)])
+    CollapseMonitorHook(0.05).on_loss_and_meter(hook_task)
+    assert set(hook_task.monitor_stats[0]) == {"teacher_entropy", "teacher_mean_entropy"}

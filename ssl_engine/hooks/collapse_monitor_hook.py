@@ -4,7 +4,8 @@ distributions where it has them) logged with the loss, and a warning when they s
 - ``embedding_std``: the per-dimension standard deviation of the L2-normalised first model
   output over the batch, averaged over dimensions and scaled by sqrt(dim) (the SimSiam paper's
   collapse plot): about 1 for embeddings spread over the sphere, 0 when every sample maps to
-  one point.
+  one point (left out when the loss's ``monitor_embedding`` is false: DINO's output are
+  prototype scores).
 - a loss may add its own (``collapse_statistics()``, values of its last computation) and say
   when they mean collapse (``collapse_warning(statistics)``): SwAV the entropies of its
   assignments and predictions, DINO the entropy of the teacher's distribution.
@@ -41,7 +42,8 @@ class CollapseMonitorHook(SSLHook):
         stats: Dict[str, torch.Tensor] = {}
         output = task.last_model_output
         first = output[0] if isinstance(output, (list, tuple)) else output
-        if torch.is_tensor(first) and first.dim() == 2 and first.shape[0] > 1:
+        monitored = getattr(task.loss, "monitor_embedding", True)
+        if monitored and torch.is_tensor(first) and first.dim() == 2 and first.shape[0] > 1:
             stats["embedding_std"] = embedding_std(first)
         loss_stats = getattr(task.loss, "collapse_statistics", None)
         if loss_stats is not None:

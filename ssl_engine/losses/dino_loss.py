@@ -13,6 +13,7 @@ averaged over the samples and the pairs.  ``teacher_temp`` rises linearly from
 moves towards the mean teacher output of the global batch:
 ``center = ema_center * center + (1 - ema_center) * mean``.
 """
+import math
 import warnings
 from typing import Any, List, Mapping, Optional, Sequence
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy
 from ssl_engine.utils.distributed import all_reduce_sum
 
 with warnings.catch_warnings():
@@ -178,7 +180,39 @@ class DINOLoss(MomentumTargetLoss):
                  for index, crop in enumerate(self.crops_for_teacher)}
         if self.train_step:
             self.update_center(teacher)
+        self._statistics(targets.detach())
         return total_of(self, terms)
+
+    # ------------------------------------------------------------------ collapse monitor
+    # the model's output are prototype scores, not an embedding: the monitor reads the
+    # teacher's distribution instead
+    monitor_embedding = False
+
+    @torch.no_grad()
+    def _statistics(self, targets: torch.Tensor) -> None:
+        """As fractions of log K: the mean entropy of the teacher's distributions (1: uniform,
+        DINO's collapse onto the center) and the entropy of their batch mean (0: every sample
+        on the same prototype, the other collapse)."""
+        log_k = math.log(targets.shape[1])
+        self._last_statistics = {
+            "teacher_entropy": entropy(targets) / log_k,
+            "teacher_mean_entropy": entropy(targets.mean(dim=0, keepdim=True)) / log_k,
+        }
+
+    def collapse_statistics(self):
+        return getattr(self, "_last_statistics", {})
+
+    @staticmethod
+    def collapse_warning(statistics) -> Optional[str]:
+        uniform = statistics.get("teacher_entropy")
+        if uniform is not None and float(uniform) > COLLAPSED_ENTROPY:
+            return (f"the teacher's distributions are uniform (entropy {float(uniform):.3f} of "
+                    "log K): the loss sits at log K and the features carry nothing")
+        one = statistics.get("teacher_mean_entropy")
+        if one is not None and float(one) < 1.0 - COLLAPSED_ENTROPY:
+            return (f"the teacher puts every sample on the same prototypes (entropy of the "
+                    f"batch mean {float(one):.3f} of log K)")
+        return None
 
     @torch.no_grad()
     def update_center(self, teacher: torch.Tensor) -> None:

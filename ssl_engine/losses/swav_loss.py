@@ -16,20 +16,12 @@ import torch.nn.functional as F
 
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.sinkhorn import distributed_sinkhorn
+from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from classy_vision.losses import ClassyLoss, register_loss
-
-# the assignments' entropy, as a fraction of its maximum log K, above which they are uniform:
-# the embeddings no longer tell the samples apart
-COLLAPSED_ENTROPY = 0.99
-
-
-def entropy(probabilities: torch.Tensor) -> torch.Tensor:
-    """Mean over the rows of -sum p log p."""
-    return -(probabilities * probabilities.clamp_min(1e-12).log()).sum(dim=1).mean()
 
 
 @register_loss("swav_loss")
