@@ -272,7 +272,11 @@ def test_dead_data_loader_worker_ends_the_run_with_one_message(tmp_path, nproc):
                  f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={8 // nproc}"], tmp_path,
                 env=plugin_env("kill_worker", KILL_AT=6))  # _cli times out after 300 s
     assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
+    # with 2 processes, the C++ runtime of the process that is stopped mid-collective
+    # sometimes prints "terminate called without an active exception" as it dies (seen once
+    # in many runs); the engine's own output is the one error line
+    lines = [line for line in proc.stderr.strip().splitlines()
+             if line != "terminate called without an active exception"]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(
         "error: a data-loader worker died while reading config.DATA.TRAIN (data sources "
