@@ -150,8 +150,9 @@ def shipped_configs():
 
 
 def test_every_shipped_config_composes_and_every_recipe_builds():
-    """Every file under configs/config is a valid config; every pretraining recipe's model
-    builds (on the meta device: no memory) and its loss accepts that model."""
+    """Every file under configs/config is a valid config; every pretraining recipe's and
+    linear-evaluation config's model builds (on the meta device: no memory) and its loss
+    accepts that model."""
     import torch
 
     from ssl_engine.losses import build_loss
@@ -161,7 +162,7 @@ def test_every_shipped_config_composes_and_every_recipe_builds():
     assert "quickstart/simclr_digits" in names and "pretrain/swav/swav_resnet50" in names
     for name in names:
         _, cfg = compose_config([f"config={name}"])
-        if name.startswith("pretrain/"):
+        if name.startswith(("pretrain/", "benchmark/linear_image_classification/")):
             with torch.device("meta"):
                 model = build_model(cfg.MODEL)
                 loss = build_loss(cfg.LOSS)
