@@ -62,7 +62,8 @@ class SwAVLoss(ClassyLoss):
         self.num_prototypes = [int(k) for k in num_prototypes]
         self.temp_hard_assignment_iters = int(temp_hard_assignment_iters)
         self.queue_start_iter = int(queue_start_iter)
-        # set by SwAVHook before every loss computation: the iteration and whether it trains
+        # set by SwAVHook (a LossPositionHook) before every loss: the iteration, and whether
+        # the step trains
         # (only training batches enter the queue)
         self.iteration, self.train_step = 0, True
         self._head: List = []  # the model's swav_head (not a submodule of the loss)
