@@ -63,8 +63,7 @@ class SwAVLoss(ClassyLoss):
         self.temp_hard_assignment_iters = int(temp_hard_assignment_iters)
         self.queue_start_iter = int(queue_start_iter)
         # set by SwAVHook (a LossPositionHook) before every loss: the iteration, and whether
-        # the step trains
-        # (only training batches enter the queue)
+        # the step trains (only training batches enter the queue)
         self.iteration, self.train_step = 0, True
         self._head: List = []  # the model's swav_head (not a submodule of the loss)
         # every rank keeps its own rows of the queue: queue_length over the ranks
