@@ -265,3 +265,32 @@ def test_unknown_collator_name():
     message = "unknown collator 'simclr_colator': did you mean 'simclr_collator'"
     with pytest.raises(UnknownNameError, match=message):
         build_collator("simclr_colator")
+
+
+def test_a_broken_batch_transfer_is_reported_as_the_worker_death_it_is():
+    """Reading a batch from a worker that is being killed can fail with a connection error in
+    multiprocessing's resource sharer before the worker's exit is known: the report waits for
+    the exit and names it (without it, the run ended with a traceback)."""
+    import types
+
+    from ssl_engine.config import load_config
+    from ssl_engine.data.loader import worker_death_error
+
+    def broken_transfer():
+        code = compile("def detach():\n    raise ConnectionResetError(104, 'reset')\n",
+                       "/usr/lib/python3.11/multiprocessing/resource_sharer.py", "exec")
+        namespace = {}
+        exec(code, namespace)
+        try:
+            namespace["detach"]()
+        except ConnectionResetError as err:
+            return err
+
+    _, cfg = load_config(["config=quickstart/simclr_digits"])
+    killed = types.SimpleNamespace(_workers=[types.SimpleNamespace(exitcode=-9, pid=123)])
+    died = worker_death_error(broken_transfer(), cfg, "TRAIN", killed)
+    assert "DataLoader worker (pid 123) was killed by signal SIGKILL" in str(died)
+    alive = types.SimpleNamespace(_workers=[types.SimpleNamespace(exitcode=None, pid=124)])
+    died = worker_death_error(broken_transfer(), cfg, "TRAIN", alive)
+    assert "a worker's connection broke while it handed a batch over" in str(died)
+    assert worker_death_error(ConnectionResetError("elsewhere"), cfg, "TRAIN", alive) is None

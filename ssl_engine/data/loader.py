@@ -3,6 +3,7 @@ that replaces torch's when a loader worker process dies."""
 import re
 import signal
 import threading
+import time
 import traceback
 from typing import Optional
 
@@ -70,10 +71,7 @@ def set_loader_position(loader: DataLoader, epoch: int, start_iter: int = 0) -> 
 def _is_dead_worker_transfer(args) -> bool:
     """A connection error in multiprocessing's resource-sharer thread: a worker died while it
     was handing a batch's shared memory over. The loader reports the death itself."""
-    if not isinstance(args.exc_value, (ConnectionError, EOFError)):
-        return False
-    frames = traceback.extract_tb(args.exc_traceback)
-    return any(frame.filename.endswith("resource_sharer.py") for frame in frames)
+    return _is_broken_transfer(args.exc_value)
 
 
 def quiet_dead_worker_transfers() -> None:
@@ -116,6 +114,31 @@ def _killed_workers(iterator) -> str:
     return "; ".join(killed)
 
 
+def _is_broken_transfer(err: BaseException) -> bool:
+    """Reading a batch failed because the worker handing its shared memory over went away (a
+    connection error raised through multiprocessing's resource sharer)."""
+    if not isinstance(err, (ConnectionError, EOFError)):
+        return False
+    frames = traceback.extract_tb(err.__traceback__)
+    return any(frame.filename.endswith("resource_sharer.py") for frame in frames)
+
+
+def _killed_workers_soon(iterator, seconds: float = 2.0) -> str:
+    """``_killed_workers`` once the dying worker's exit is known (it can lag the broken
+    connection that revealed it by a moment); "" if none within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            reason = _killed_workers(iterator)
+            if reason or time.monotonic() > deadline:
+                return reason
+            time.sleep(0.05)
+    except RuntimeError as err:  # torch's SIGCHLD handler, reporting the same death
+        if _WORKER_DIED.search(str(err)):
+            return str(err).strip().rstrip(".")
+        raise
+
+
 def worker_death_error(err: BaseException, cfg, split: str, iterator=None,
                        then: str = "") -> Optional[DataWorkerDiedError]:
     """The error to report instead of ``err`` when a worker of the ``split`` loader ("TRAIN" /
@@ -129,6 +152,10 @@ def worker_death_error(err: BaseException, cfg, split: str, iterator=None,
         reason = str(err).strip().rstrip(".")
     else:
         reason = _killed_workers(iterator)
+        if not reason and _is_broken_transfer(err):
+            reason = _killed_workers_soon(iterator) or (
+                f"a worker's connection broke while it handed a batch over "
+                f"({type(err).__name__}: {err})")
         if not reason:
             return None
     data = cfg.DATA[split]
