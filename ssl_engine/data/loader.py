@@ -68,12 +68,6 @@ def set_loader_position(loader: DataLoader, epoch: int, start_iter: int = 0) -> 
     loader.sampler.set_start_iter(start_iter)
 
 
-def _is_dead_worker_transfer(args) -> bool:
-    """A connection error in multiprocessing's resource-sharer thread: a worker died while it
-    was handing a batch's shared memory over. The loader reports the death itself."""
-    return _is_broken_transfer(args.exc_value)
-
-
 def quiet_dead_worker_transfers() -> None:
     """Keep the resource-sharer thread's traceback about a dead worker off stderr (installed
     once per process); every other thread error is printed as before."""
@@ -82,7 +76,7 @@ def quiet_dead_worker_transfers() -> None:
         return
 
     def hook(args):
-        if not _is_dead_worker_transfer(args):
+        if not _is_broken_transfer(args.exc_value):  # the loader reports the death itself
             previous(args)
 
     hook.quiet_dead_worker_transfers = True

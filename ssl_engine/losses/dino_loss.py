@@ -13,7 +13,6 @@ averaged over the samples and the pairs.  ``teacher_temp`` rises linearly from
 moves towards the mean teacher output of the global batch:
 ``center = ema_center * center + (1 - ema_center) * mean``.
 """
-import math
 import warnings
 from typing import Any, List, Mapping, Optional, Sequence
 
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
-from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy
+from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
 from ssl_engine.utils.distributed import all_reduce_sum
 
 with warnings.catch_warnings():
@@ -193,10 +192,9 @@ class DINOLoss(MomentumTargetLoss):
         """As fractions of log K: the mean entropy of the teacher's distributions (1: uniform,
         DINO's collapse onto the center) and the entropy of their batch mean (0: every sample
         on the same prototype, the other collapse)."""
-        log_k = math.log(targets.shape[1])
         self._last_statistics = {
-            "teacher_entropy": entropy(targets) / log_k,
-            "teacher_mean_entropy": entropy(targets.mean(dim=0, keepdim=True)) / log_k,
+            "teacher_entropy": entropy_fraction(targets),
+            "teacher_mean_entropy": entropy_fraction(targets.mean(dim=0, keepdim=True)),
         }
 
     def collapse_statistics(self):

@@ -7,7 +7,6 @@ the samples, the ``num_crops - 1`` predicting crops, the assigned crops and the 
 A queue of past embeddings (``queue.queue_length``, filled from ``queue.start_iter`` on) adds
 rows to the Sinkhorn problem when batches are small; only the batch's own assignments are used.
 """
-import math
 import warnings
 from typing import Any, List, Mapping, Optional, Sequence
 
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.sinkhorn import distributed_sinkhorn
-from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy
+from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
 
 with warnings.catch_warnings():
@@ -214,11 +213,10 @@ class SwAVLoss(ClassyLoss):
     def _statistics(self, q: torch.Tensor, crop_scores: torch.Tensor) -> None:
         """Mean entropies, as fractions of log K, of the first assigned crop's assignments and
         of its predictions (softmax of its scores / temperature), first prototype set."""
-        log_k = math.log(q.shape[1])
         predictions = F.softmax(crop_scores.detach().float() / self.temperature, dim=1)
         self._last_statistics = {
-            "assignment_entropy": entropy(q.float()) / log_k,
-            "prediction_entropy": entropy(predictions) / log_k,
+            "assignment_entropy": entropy_fraction(q.float()),
+            "prediction_entropy": entropy_fraction(predictions),
         }
 
     def collapse_statistics(self):
