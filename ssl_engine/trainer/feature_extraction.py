@@ -384,11 +384,10 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
                           len(loader.sampler), device)
             if get_rank() == 0:
                 write_signature(folder, cfg, split)
-        except OSError as err:
-            if err.errno not in _WRITE_ERRNOS:
-                raise
-            raise write_failure(err, folder, split, list(written)) from None
         except Exception as err:
+            if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
+                raise write_failure(err, folder, split, list(written)) from None
+            # anything else, a ConnectionResetError (an OSError) from a dying worker included
             died = worker_death_error(err, cfg, split, batches)
             if died is None:
                 raise
