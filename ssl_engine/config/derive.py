@@ -72,11 +72,20 @@ def _check_phases(cfg: AttrDict) -> None:
             "config.TEST_MODEL=true but config.DATA.TEST.DATA_SOURCES is empty; "
             "name a test data source or set config.TEST_MODEL=false"
         )
+    steps = cfg.OPTIMIZER.get("gradient_accumulation_steps", 1)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError(
+            f"config.OPTIMIZER.gradient_accumulation_steps must be an integer >= 1 (1: no "
+            f"accumulation), got {steps!r}"
+        )
 
 
 def global_batch_size(cfg: AttrDict) -> int:
+    """Samples per optimizer update: the batch of every process, times the micro-batches
+    accumulated into one update (OPTIMIZER.gradient_accumulation_steps)."""
     world = cfg.DISTRIBUTED.NUM_NODES * cfg.DISTRIBUTED.NUM_PROC_PER_NODE
-    return cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA * world
+    accumulation = int(cfg.OPTIMIZER.get("gradient_accumulation_steps", 1) or 1)
+    return cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA * world * accumulation
 
 
 def crops_per_sample(transforms) -> int:

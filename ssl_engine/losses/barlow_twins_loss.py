@@ -32,6 +32,8 @@ class BarlowTwinsLoss(ClassyLoss):
     processes compute exactly the loss of one process with the whole batch.  Named terms:
     ``on_diagonal`` and ``off_diagonal`` (each with its factors)."""
 
+    batch_coupling = "its cross-correlation is computed over the batch"
+
     def __init__(self, lambda_: float = 0.0051, scale_loss: float = 0.024,
                  embedding_dim: int = 8192):
         super().__init__()

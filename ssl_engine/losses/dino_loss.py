@@ -48,6 +48,8 @@ class DINOLoss(MomentumTargetLoss):
     ``LossPositionHook`` tells the loss the iteration (for the temperature) and whether the
     step trains (only training steps move the center)."""
 
+    batch_coupling = "its center moves after every micro-batch, with that micro-batch's mean"
+
     def __init__(self, momentum: float = 0.996, student_temp: float = 0.1,
                  teacher_temp_min: float = 0.04, teacher_temp_max: float = 0.07,
                  teacher_temp_warmup_iters: int = 37500,

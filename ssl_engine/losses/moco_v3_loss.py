@@ -22,6 +22,10 @@ class MoCoV3Loss(MomentumTargetLoss):
     The model's heads are a projector then a predictor; the momentum encoder has the trunk and
     projector, and its momentum follows the cosine schedule from ``momentum`` to 1."""
 
+    batch_coupling = (
+        "its negatives are the other samples of the batch, and accumulation does not add negatives"
+    )
+
     online_only_heads = 1
 
     def __init__(self, embedding_dim: int = 256, temperature: float = 0.2,

@@ -27,6 +27,10 @@ class SimclrInfoNCELoss(ClassyLoss):
     pass the same number of rows (the embeddings are all-gathered).
     """
 
+    batch_coupling = (
+        "its negatives are the other samples of the batch, and accumulation does not add negatives"
+    )
+
     def __init__(self, temperature: float = 0.1, embedding_dim: int = 128, num_views: int = 2):
         super().__init__()
         if temperature <= 0:

@@ -30,6 +30,8 @@ class SwAVLoss(ClassyLoss):
     (rows ``c*B .. c*B+B-1`` are crop ``c``; ``multicrop_collator`` puts the global crops
     first).  ``SwAVHook`` tells the loss the iteration and keeps the prototypes normalised."""
 
+    batch_coupling = "its Sinkhorn-Knopp assignments are balanced over the batch"
+
     def __init__(self, embedding_dim: int = 128, temperature: float = 0.1,
                  use_double_precision: bool = False, normalize_last_layer: bool = True,
                  num_iters: int = 3, epsilon: float = 0.05, num_crops: int = 2,

@@ -34,6 +34,8 @@ class VICRegLoss(ClassyLoss):
     rank).  The paper's coefficients are 25, 25 and 1.  Named terms: ``invariance``,
     ``variance``, ``covariance`` (each with its coefficient; they add up to the loss)."""
 
+    batch_coupling = "its variance and covariance terms are computed over the batch"
+
     def __init__(self, sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
                  eps: float = 1e-4, embedding_dim: int = 8192):
         super().__init__()

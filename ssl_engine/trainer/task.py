@@ -6,6 +6,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions
+from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_loss
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
 from ssl_engine.trainer.phases import build_phases
@@ -65,6 +66,7 @@ class SelfSupervisionTask(ClassyTask):
         self._resume_rng_states = None
         self.amp = MixedPrecision.from_config(config, self.device)
         self.grad_clip = GradClip.from_config(config.MODEL.get("GRAD_CLIP"))
+        self.accumulation_steps = int(config.OPTIMIZER.get("gradient_accumulation_steps", 1))
 
     @classmethod
     def from_config(cls, config, device: Optional[torch.device] = None):
@@ -106,9 +108,11 @@ class SelfSupervisionTask(ClassyTask):
         if checkpoint is not None:
             self.set_classy_state(checkpoint["classy_state_dict"])
             self._resume_rng_states = checkpoint.get("rng_states")
-        self.num_train_iters_per_epoch = (
-            self._iters_per_epoch("TRAIN") if "TRAIN" in self.datasets else 0
-        )
+        if self.accumulation_steps > 1 and not cfg.TEST_ONLY:
+            warn_if_accumulation_changes_the_loss(self.loss, self.accumulation_steps)
+        batches = self._iters_per_epoch("TRAIN") if "TRAIN" in self.datasets else 0
+        # updates per epoch: a last, shorter group of micro-batches still makes an update
+        self.num_train_iters_per_epoch = -(-batches // self.accumulation_steps)
         self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
 
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:

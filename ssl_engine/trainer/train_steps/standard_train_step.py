@@ -10,6 +10,7 @@ import time
 import torch
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
+from ssl_engine.trainer.accumulation import average_gradients_over_ranks, gradient_sync_skipped
 from ssl_engine.trainer.amp import float32_outputs
 from ssl_engine.trainer.train_steps import register_train_step
 
@@ -87,17 +88,44 @@ def update(task) -> None:
     task.iteration += 1
 
 
+def accumulate_gradients(task) -> None:
+    """Forward and backward of up to OPTIMIZER.gradient_accumulation_steps micro-batches, each
+    loss divided by that count, so that the gradients are those of their mean loss.  When the
+    phase's data ends inside the group, the update uses the micro-batches done, the gradients
+    rescaled to their mean; StopIteration only when there was none."""
+    steps = getattr(task, "accumulation_steps", 1)
+    done = 0
+    task.optimizer.zero_grad()
+    for micro in range(steps):
+        try:
+            batch = fetch_batch(task)
+        except StopIteration:
+            if done == 0:
+                raise
+            break
+        with gradient_sync_skipped(task.model, skip=micro < steps - 1):
+            loss = forward_loss_and_meters(task, batch)
+            backward(task, loss / steps if steps > 1 else loss)
+        done += 1
+        task.iteration_num_in_phase += 1
+    if done < steps:
+        average_gradients_over_ranks(task.base_model.parameters())
+        for param in task.base_model.parameters():
+            if param.grad is not None:
+                param.grad.mul_(steps / done)
+
+
 @register_train_step("standard_train_step")
 def standard_train_step(task):
-    """One iteration over one batch; raises StopIteration when the phase's data is exhausted."""
+    """One update (OPTIMIZER.gradient_accumulation_steps batches, 1 by default) in training,
+    one batch in a test phase; raises StopIteration when the phase's data is exhausted."""
     start = time.perf_counter()
-    batch = fetch_batch(task)
-    loss = forward_loss_and_meters(task, batch)
     if task.train:
-        task.optimizer.zero_grad()
-        backward(task, loss)
+        accumulate_gradients(task)
         clip_gradients(task)
         update(task)
-    task.iteration_num_in_phase += 1
+    else:
+        forward_loss_and_meters(task, fetch_batch(task))
+        task.iteration_num_in_phase += 1
     task.step_time = time.perf_counter() - start
     return task
