@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, conv1x1
 
+from ssl_engine.models.activation_checkpointing import checkpointed_segments, checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
 
@@ -89,6 +90,7 @@ class ResNetTrunk(StagedTrunk):
         self.stage_dims["res5avg"] = in_channels
 
         self._init_weights(bool(cfg.ZERO_INIT_RESIDUAL))
+        self.checkpoint_splits = checkpointing_splits(model_cfg)
 
     def _init_weights(self, zero_init_residual: bool) -> None:
         for module in self.modules():
@@ -111,14 +113,30 @@ class ResNetTrunk(StagedTrunk):
         return torch.flatten(self.avgpool(x), 1)
 
     def stages(self):
+        layers = [self.layer1, self.layer2, self.layer3, self.layer4]
+        stem = self._stem
+        if self.checkpoint_splits and self.training and torch.is_grad_enabled():
+            # the stem as one segment; each stage's residual blocks in checkpoint_splits
+            stem = checkpointed_segments([StemBlock(self)], 1)
+            layers = [checkpointed_segments(layer, self.checkpoint_splits) for layer in layers]
         return [
-            ("conv1", self._stem),
-            ("res2", self.layer1),
-            ("res3", self.layer2),
-            ("res4", self.layer3),
-            ("res5", self.layer4),
+            ("conv1", stem),
+            *((f"res{index + 2}", layer) for index, layer in enumerate(layers)),
             ("res5avg", self._pool),
         ]
+
+
+class StemBlock(nn.Module):
+    """The stem of ``trunk`` as a module (for checkpointing), holding no parameters of its own."""
+
+    def __init__(self, trunk: "ResNetTrunk"):
+        super().__init__()
+        self.parts = nn.ModuleList([trunk.conv1, trunk.bn1, trunk.relu, trunk.maxpool])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for part in self.parts:
+            x = part(x)
+        return x
 
 
 def make_stage(

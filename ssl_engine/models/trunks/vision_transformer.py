@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
 
@@ -137,7 +138,9 @@ class VisionTransformerTrunk(StagedTrunk):
             attn_drop_rate=float(cfg.ATTENTION_DROPOUT_RATE),
             drop_path_rate=float(cfg.DROP_PATH_RATE),
         )
-        self.vit.set_grad_checkpointing(bool(cfg.get("CHECKPOINT_BLOCK", False)))
+        # MODEL.ACTIVATION_CHECKPOINTING recomputes every block too (timm checkpoints per block)
+        self.vit.set_grad_checkpointing(bool(cfg.get("CHECKPOINT_BLOCK", False))
+                                        or bool(checkpointing_splits(model_cfg)))
         self.stage_dims = {
             name: hidden_dim * num_blocks
             for name, (num_blocks, _) in OUTPUTS.items()
