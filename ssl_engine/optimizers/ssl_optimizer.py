@@ -1,18 +1,24 @@
-"""``build_optimizer``: a classy_vision optimizer with param groups, lr schedule and LARC."""
+"""``build_optimizer``: a classy_vision optimizer with param groups, lr schedule, LARC and
+ZeRO (OPTIMIZER.use_zero: fairscale's OSS shards the optimizer state over the ranks)."""
+import logging
 import warnings
-from typing import Any, Callable, Dict, Mapping
+from typing import Any, Callable, Dict, Mapping, Optional
 
+import torch
 import torch.nn as nn
 
 from ssl_engine.optimizers.larc import LARC
 from ssl_engine.optimizers.param_groups import get_optimizer_param_groups
 from ssl_engine.optimizers.param_schedulers import build_lr_scheduler
 from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
+from ssl_engine.utils.distributed import is_distributed
 from ssl_engine.utils.registry import lookup
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from classy_vision.optim import OPTIMIZER_REGISTRY, ClassyOptimizer
+
+logger = logging.getLogger(__name__)
 
 
 def _betas(cfg: Mapping[str, Any]):
@@ -57,12 +63,54 @@ class SSLOptimizer:
     def get_lr(self) -> float:
         return self.param_groups[0]["lr"]
 
+    @property
+    def sharded(self):
+        """The fairscale OSS optimizer when OPTIMIZER.use_zero shards the state, else None."""
+        return sharded_optimizer(self.classy_optimizer.optimizer)
+
     def get_classy_state(self) -> Dict[str, Any]:
-        """Optimizer state (momentum buffers, Adam moments, step counts, group settings)."""
+        """Optimizer state (momentum buffers, Adam moments, step counts, group settings).
+
+        With OPTIMIZER.use_zero every rank holds a shard: all ranks must call this (as the
+        checkpoint hook does); the whole state, in torch's layout (loadable with or without
+        ZeRO, on any number of processes), is assembled on rank 0, the one that saves it.
+        The other ranks get None."""
+        oss = self.sharded
+        if oss is not None:
+            oss.consolidate_state_dict(recipient_rank=0)
+            if oss.rank != 0:
+                return None
         return self.classy_optimizer.get_classy_state()
 
     def set_classy_state(self, state: Dict[str, Any]) -> None:
         self.classy_optimizer.set_classy_state(state)
+
+
+def sharded_optimizer(optimizer) -> Optional[Any]:
+    """The OSS instance in ``optimizer`` (itself or the one LARC wraps), else None."""
+    from fairscale.optim.oss import OSS
+
+    inner = getattr(optimizer, "optim", None) if isinstance(optimizer, LARC) else optimizer
+    return inner if isinstance(inner, OSS) else None
+
+
+def shard_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """ZeRO stage 1: ``optimizer`` re-created as fairscale's OSS, which keeps on each rank the
+    state of its share of the parameters and broadcasts the updated ones after each step; the
+    same param groups and settings.  Unchanged with one process."""
+    if not is_distributed():
+        logger.info("OPTIMIZER.use_zero: one process, nothing to shard")
+        return optimizer
+    from fairscale.optim.oss import OSS
+
+    groups = [dict(group) for group in optimizer.param_groups]
+    oss = OSS(groups, optim=type(optimizer), **optimizer.defaults)
+    mine = [p for group in oss.partition_parameters()[oss.rank] for p in group["params"]]
+    every = [p for group in oss.param_groups for p in group["params"]]
+    logger.info("OPTIMIZER.use_zero: rank %d keeps the optimizer state of %d of %d parameter "
+                "tensors (%d of %d values)", oss.rank, len(mine), len(every),
+                sum(p.numel() for p in mine), sum(p.numel() for p in every))
+    return oss
 
 
 def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOptimizer:
@@ -78,6 +126,8 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
         regularize_bias=optimizer_cfg["regularize_bias"],
     )
     classy_optimizer.set_param_groups(param_groups, lr=build_lr_scheduler(optimizer_cfg))
+    if optimizer_cfg.get("use_zero", False):
+        classy_optimizer.optimizer = shard_state(classy_optimizer.optimizer)
     if optimizer_cfg.get("use_larc", False):
         larc_cfg = optimizer_cfg["larc_config"]
         classy_optimizer.optimizer = LARC(
