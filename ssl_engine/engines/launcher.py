@@ -93,7 +93,10 @@ def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
 
     engine = get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
-    lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
+    task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
+    check_task = getattr(task_class, "check_config", None)  # a task's own refusals
+    if check_task is not None:
+        check_task(cfg)
     if holds_run_lock(cfg):
         check_unlocked(cfg.CHECKPOINT.DIR)
     check = getattr(engine, "check_before_launch", None)

@@ -40,6 +40,9 @@ class CheckpointHook(SSLHook):
         self.iteration_frequency = iteration_frequency
 
     def _save(self, task, filename: str, kind: str, phase_complete: bool) -> None:
+        save_sharded = getattr(task, "save_sharded", None)  # FSDP: each rank its shard, first
+        if save_sharded is not None:
+            save_sharded(self.folder, filename)
         state = checkpoint_state(task, kind, phase_complete)  # every rank takes part
         if is_primary():
             save_checkpoint(self.folder, filename, state)

@@ -1,7 +1,8 @@
 """The trainer, the task and the train steps."""
+from ssl_engine.trainer.fsdp_task import SelfSupervisionFSDPTask
 from ssl_engine.trainer.task import SelfSupervisionTask
 from ssl_engine.trainer.train_steps import get_train_step, register_train_step
 from ssl_engine.trainer.trainer import SelfSupervisionTrainer
 
-__all__ = ["SelfSupervisionTask", "SelfSupervisionTrainer", "get_train_step",
+__all__ = ["SelfSupervisionFSDPTask", "SelfSupervisionTask", "SelfSupervisionTrainer", "get_train_step",
            "register_train_step"]

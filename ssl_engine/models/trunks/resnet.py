@@ -106,6 +106,10 @@ class ResNetTrunk(StagedTrunk):
                 elif isinstance(module, BasicBlock):
                     nn.init.zeros_(module.bn2.weight)
 
+    def fsdp_units(self) -> List[nn.Module]:
+        """The modules FSDP shards one by one (self_supervision_fsdp_task): the stages."""
+        return [self.layer1, self.layer2, self.layer3, self.layer4]
+
     def _stem(self, x: torch.Tensor) -> torch.Tensor:
         return self.maxpool(self.relu(self.bn1(self.conv1(x))))
 

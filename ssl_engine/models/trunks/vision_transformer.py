@@ -147,6 +147,10 @@ class VisionTransformerTrunk(StagedTrunk):
             if num_blocks <= num_layers
         }
 
+    def fsdp_units(self) -> List[torch.nn.Module]:
+        """The modules FSDP shards one by one (self_supervision_fsdp_task): the blocks."""
+        return list(self.vit.blocks)
+
     def stages(self):
         raise NotImplementedError("the ViT outputs share one pass through the blocks: "
                                   "call forward(x, out_feat_keys)")

@@ -109,7 +109,8 @@ def accumulate_gradients(task) -> None:
         done += 1
         task.iteration_num_in_phase += 1
     if done < steps:
-        average_gradients_over_ranks(task.base_model.parameters())
+        if hasattr(task.model, "no_sync"):  # DDP skipped the all-reduce of the last one
+            average_gradients_over_ranks(task.base_model.parameters())
         for param in task.base_model.parameters():
             if param.grad is not None:
                 param.grad.mul_(steps / done)

@@ -1,0 +1,164 @@
+"""``self_supervision_fsdp_task`` (TRAINER.TASK_NAME): the task with its model fully sharded
+by torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) instead of replicated by DDP.
+
+Each process keeps 1/P of the parameters, of their gradients and of the optimizer state; a
+sharded unit's parameters are all-gathered for its forward and backward and its gradients
+reduce-scattered.  The units are the trunk's stages or blocks (``fsdp_units()``), every head
+and the rest of the model.  Works on gloo (CPU) and NCCL.
+
+Checkpoints come in two parts, both written at every save:
+- ``<name>.sharded/``: the model and optimizer state, each rank writing its own shard with
+  ``torch.distributed.checkpoint``, into a temporary folder renamed once complete. A resume
+  reads them back, resharded for any number of processes.
+- ``<name>``: the engine's usual checkpoint, with the whole model (rank 0 gathers it) for
+  evaluation, extraction and export, the position of the run and the loss state; its
+  optimizer entry names the sharded folder.
+"""
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from ssl_engine.trainer.task import SelfSupervisionTask
+from ssl_engine.utils.classy import register_task
+from ssl_engine.utils.distributed import get_rank
+
+logger = logging.getLogger(__name__)
+
+SHARDED_SUFFIX = ".sharded"
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Rank 0's weights on every rank, then ``fully_shard`` on the trunk's units, each head,
+    then the whole model (in place)."""
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.no_grad():  # every rank starts from rank 0's weights, as with DDP
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor, src=0)
+    units = list(getattr(model.trunk, "fsdp_units", lambda: [])())
+    units += [head for head in model.heads if any(True for _ in head.parameters())]
+    for unit in units:
+        fully_shard(unit)
+    fully_shard(model)
+    return model
+
+
+def torch_optimizer(task) -> torch.optim.Optimizer:
+    return task.optimizer.classy_optimizer.optimizer
+
+
+@register_task("self_supervision_fsdp_task")
+class SelfSupervisionFSDPTask(SelfSupervisionTask):
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuse, before launch, what this task does not support yet."""
+        from ssl_engine.config import ConfigError
+        from ssl_engine.losses import LOSS_REGISTRY
+        from ssl_engine.losses.momentum_target import MomentumTargetLoss
+
+        why = None
+        if cfg.OPTIMIZER.get("use_zero", False):
+            why = ("config.OPTIMIZER.use_zero=true: FSDP already shards the optimizer state; "
+                   "leave use_zero off")
+        elif cfg.OPTIMIZER.get("use_larc", False):
+            why = "config.OPTIMIZER.use_larc=true: LARC is not supported with FSDP yet"
+        elif issubclass(LOSS_REGISTRY.get(cfg.LOSS.name, object), MomentumTargetLoss):
+            why = (f"config.LOSS.name={cfg.LOSS.name}: methods with a momentum target or teacher "
+                   "network (MoCo, BYOL, DINO) are not supported with FSDP yet; use DDP "
+                   "(TRAINER.TASK_NAME=self_supervision_task), with OPTIMIZER.use_zero=true "
+                   "to shard the optimizer state")
+        if why:
+            raise ConfigError(f"TRAINER.TASK_NAME=self_supervision_fsdp_task with {why}")
+
+    def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return shard_model(model)  # the model itself, its parameters now sharded DTensors
+
+    # ------------------------------------------------------------------ state
+    def _options(self, full: bool):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=full, cpu_offload=full)
+
+    def get_classy_state(self, deep_copy: bool = False, phase_complete: bool = True):
+        """The usual state with the whole model, gathered on rank 0 (every rank must call
+        this); the optimizer state lives in the sharded checkpoint saved beside it."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        full = get_model_state_dict(self.base_model, options=self._options(full=True))
+        optimizer, self.optimizer = self.optimizer, None  # not gathered: see save_sharded
+        try:
+            state = super().get_classy_state(deep_copy=False, phase_complete=phase_complete)
+        finally:
+            self.optimizer = optimizer
+        state["base_model"] = {"model": {
+            part: {key[len(part) + 1:]: value for key, value in full.items()
+                   if key.startswith(part + ".")}
+            for part in ("trunk", "heads")
+        }}
+        state["optimizer"] = {"sharded_checkpoint": self._sharded_name}
+        return state
+
+    def save_sharded(self, folder: str, filename: str) -> None:
+        """Write the model and optimizer shards of every rank to ``folder/filename.sharded``
+        (complete or absent: written under a temporary name, renamed by rank 0)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        name = filename + SHARDED_SUFFIX
+        final, partial = Path(folder) / name, Path(folder) / (name + ".partial")
+        if get_rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        dist.barrier()
+        model_state, optimizer_state = get_state_dict(
+            self.base_model, torch_optimizer(self), options=self._options(full=False))
+        dcp.save({"model": model_state, "optimizer": optimizer_state},
+                 checkpoint_id=str(partial))
+        dist.barrier()
+        if get_rank() == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+        dist.barrier()
+        self._sharded_name = name
+
+    _sharded_name: Optional[str] = None
+
+    def set_classy_state(self, state: Dict[str, Any]) -> None:
+        """Resume: the model and optimizer from the sharded checkpoint the state names, the
+        rest as usual."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        sharded = (state.get("optimizer") or {}).get("sharded_checkpoint")
+        if not sharded:
+            raise ValueError(
+                "this checkpoint holds no sharded model and optimizer state: resume an FSDP run "
+                "from a checkpoint of an FSDP run (TRAINER.TASK_NAME=self_supervision_fsdp_task)")
+        path = Path(self.checkpoint_folder) / sharded
+        if not path.is_dir():
+            raise FileNotFoundError(f"the sharded checkpoint {path} named by the checkpoint is "
+                                    "missing")
+        model_state, optimizer_state = get_state_dict(
+            self.base_model, torch_optimizer(self), options=self._options(full=False))
+        loaded = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(loaded, checkpoint_id=str(path))
+        set_state_dict(self.base_model, torch_optimizer(self),
+                       model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"],
+                       options=self._options(full=False))
+        rest = dict(state, base_model=None, optimizer=None)
+        base_model, self.base_model = self.base_model, _NoModelState()
+        try:
+            super().set_classy_state(rest)
+        finally:
+            self.base_model = base_model
+
+
+class _NoModelState:
+    """Stands in for the model while the base class restores the rest of the state."""
+
+    def set_classy_state(self, state) -> None:
+        pass

@@ -1,0 +1,48 @@
+"""TRAINER.TASK_NAME=self_supervision_fsdp_task (torch's FSDP2 on gloo): 2 processes with the
+model sharded train like 1 process with the whole batch, write sharded checkpoints beside
+consolidated ones in the usual layout, and resume from the sharded ones exactly."""
+import pytest
+import torch
+
+from engine_utils import final_weights, run_engine, step_losses
+from ssl_engine.config import ConfigError, load_config
+from ssl_engine.engines.launcher import check_before_launch
+
+COMMON = ["config.MODEL.TRUNK.RESNETS.NORM=GroupNorm", "config.LOG_FREQUENCY=1",
+          "config.OPTIMIZER.param_schedulers.lr.name=constant",
+          "config.OPTIMIZER.param_schedulers.lr.value=0.1"]
+FSDP = ["config.TRAINER.TASK_NAME=self_supervision_fsdp_task",
+        "config.DISTRIBUTED.NUM_PROC_PER_NODE=2", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"]
+
+
+def test_sharded_model_trains_like_one_process_and_resumes_exactly(tmp_path):
+    run_engine(tmp_path / "one", COMMON + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"])
+    run_engine(tmp_path / "fsdp", COMMON + FSDP)
+    one, fsdp = final_weights(tmp_path / "one"), final_weights(tmp_path / "fsdp")
+    assert fsdp.keys() == one.keys()  # the consolidated checkpoint: the usual layout, whole
+    for name, value in one.items():
+        torch.testing.assert_close(fsdp[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    losses = step_losses(tmp_path / "fsdp")
+    for iteration, loss in step_losses(tmp_path / "one").items():
+        assert losses[iteration] == pytest.approx(loss, rel=1e-4)
+    shards = sorted(p.name for p in (tmp_path / "fsdp").glob("*.sharded"))
+    assert shards == ["model_final_checkpoint_phase1.torch.sharded", "model_phase0.torch.sharded"]
+    assert not list((tmp_path / "fsdp").glob("*.partial"))
+
+    # stopped after the first epoch, resumed from its sharded checkpoint
+    run_engine(tmp_path / "resumed", COMMON + FSDP + ["config.OPTIMIZER.num_epochs=1"])
+    run_engine(tmp_path / "resumed", COMMON + FSDP + ["config.CHECKPOINT.AUTO_RESUME=true"])
+    resumed = final_weights(tmp_path / "resumed")
+    for name, value in fsdp.items():
+        assert torch.equal(resumed[name], value), name
+
+
+@pytest.mark.parametrize("override, message", [
+    ("config.OPTIMIZER.use_zero=true", "FSDP already shards the optimizer state"),
+    ("config.LOSS.name=byol_loss", "momentum target or teacher network"),
+])
+def test_unsupported_combinations_are_refused_before_launch(tmp_path, override, message):
+    engine, cfg = load_config(["config=test/quick_simclr_synthetic",
+                               f"config.CHECKPOINT.DIR={tmp_path}", *FSDP, override])
+    with pytest.raises(ConfigError, match=message):
+        check_before_launch(engine, cfg)
