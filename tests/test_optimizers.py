@@ -114,6 +114,29 @@ def test_one_sgd_step_matches_hand_formula():
     torch.testing.assert_close(layer.bias, before.bias - 0.5 * torch.ones(2))  # no decay on biases
 
 
+def test_lr_multipliers_scale_the_scheduled_lr_of_the_named_parameters():
+    cfg = optimizer_cfg(name="sgd", momentum=0.0, weight_decay=0.1, regularize_bias=False,
+                        lr_multipliers=[["1", 10.0]])
+    cfg.param_schedulers.lr = AttrDict({"name": "cosine", "start_value": 0.5, "end_value": 0.0,
+                                        "update_interval": "step"})
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2), nn.Linear(2, 1))
+    before = copy.deepcopy(model)
+    optimizer = build_optimizer(cfg, model)
+    model(torch.ones(1, 3)).sum().backward()
+    grads = {name: param.grad.clone() for name, param in model.named_parameters()}
+    optimizer.step(0.5)  # cosine at half-way: 0.25
+    assert optimizer.get_lr() == pytest.approx(0.25)
+    for name, param in model.named_parameters():
+        lr = 0.25 * (10.0 if name.startswith("1.") else 1.0)
+        decay = 0.0 if name.endswith("bias") else 0.1
+        old = dict(before.named_parameters())[name]
+        torch.testing.assert_close(param, old - lr * (grads[name] + decay * old), msg=name)
+    with pytest.raises(ValueError, match="no trainable parameter is named 'heads.3'"):
+        build_optimizer(optimizer_cfg(lr_multipliers=[["heads.3", 2.0]]), model)
+    with pytest.raises(ValueError, match=r"entries are \[parameter name prefix, multiplier"):
+        build_optimizer(optimizer_cfg(lr_multipliers=[["1"]]), model)
+
+
 @pytest.mark.parametrize(
     "settings",
     [

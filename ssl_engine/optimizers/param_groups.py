@@ -1,5 +1,5 @@
 """Split a model's trainable parameters into weight-decayed and not weight-decayed groups."""
-from typing import Callable, Dict, List, Union
+from typing import Callable, Dict, List, Sequence, Union
 
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _NormBase
@@ -8,31 +8,49 @@ from torch.nn.modules.batchnorm import _NormBase
 NORM_LAYER_TYPES = (_NormBase, nn.GroupNorm, nn.LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
+def lr_multiplier_of(name: str, lr_multipliers: Sequence[Sequence]) -> float:
+    """The multiplier of the first ``[prefix, multiplier]`` pair whose prefix starts the
+    parameter's name (whole dotted components: ``heads.1`` matches ``heads.1.clf.0.weight``,
+    not ``heads.10.weight``), else 1."""
+    for prefix, multiplier in lr_multipliers:
+        prefix = str(prefix).removeprefix("module.")
+        if name == prefix or name.startswith(prefix + "."):
+            return float(multiplier)
+    return 1.0
+
+
 def get_optimizer_param_groups(
     model: nn.Module, weight_decay: Union[float, Callable[[float], float]],
-    regularize_bn: bool, regularize_bias: bool
+    regularize_bn: bool, regularize_bias: bool, lr_multipliers: Sequence[Sequence] = (),
 ) -> List[Dict]:
-    """``[{"params", "weight_decay"}, ...]`` for the parameters that require gradients.
+    """``[{"params", "weight_decay", "lr_multiplier"}, ...]`` for the parameters that require
+    gradients.
 
     Norm-layer parameters (unless ``regularize_bn``) and every parameter named ``bias`` (unless
     ``regularize_bias``) get weight decay 0; the rest get ``weight_decay``, a number or a
     param scheduler (``where -> value``) that the optimizer evaluates before every step.
-    Empty groups are left out; a parameter shared by several modules is listed once.
+    Parameters named by ``lr_multipliers`` (OPTIMIZER.lr_multipliers) go to groups of their
+    own whose learning rate is the schedule's times their multiplier; the groups at the
+    schedule's own rate come first.  Empty groups are left out; a parameter shared by several
+    modules is listed once.
     """
-    regularized, unregularized, seen = [], [], set()
-    for module in model.modules():
+    groups: Dict[tuple, List] = {}
+    seen = set()
+    for prefix, module in model.named_modules():
         is_norm = isinstance(module, NORM_LAYER_TYPES)
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
             exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
-            (unregularized if exempt else regularized).append(param)
-    if not regularized and not unregularized:
+            full_name = f"{prefix}.{name}" if prefix else name
+            multiplier = lr_multiplier_of(full_name, lr_multipliers)
+            groups.setdefault((multiplier != 1.0, multiplier, exempt), []).append(param)
+    if not groups:
         raise ValueError("the model has no parameter that requires gradients: nothing to optimize")
-    groups = [
-        {"params": regularized,
-         "weight_decay": weight_decay if callable(weight_decay) else float(weight_decay)},
-        {"params": unregularized, "weight_decay": 0.0},
+    regularized = weight_decay if callable(weight_decay) else float(weight_decay)
+    return [
+        {"params": params, "weight_decay": 0.0 if exempt else regularized,
+         "lr_multiplier": multiplier}
+        for (_, multiplier, exempt), params in sorted(groups.items(), key=lambda item: item[0])
     ]
-    return [group for group in groups if group["params"]]

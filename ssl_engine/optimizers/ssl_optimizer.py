@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from ssl_engine.optimizers.larc import LARC
 from ssl_engine.optimizers.param_groups import get_optimizer_param_groups
-from ssl_engine.optimizers.param_schedulers import build_lr_scheduler
+from ssl_engine.optimizers.param_schedulers import ClassyParamScheduler, build_lr_scheduler
 from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
 from ssl_engine.utils.distributed import is_distributed
 from ssl_engine.utils.registry import lookup
@@ -86,6 +86,36 @@ class SSLOptimizer:
         self.classy_optimizer.set_classy_state(state)
 
 
+class ScaledParamScheduler(ClassyParamScheduler):
+    """``multiplier`` times ``inner``'s value, evaluated as often as ``inner``."""
+
+    def __init__(self, inner: ClassyParamScheduler, multiplier: float):
+        super().__init__(inner.update_interval)
+        self.inner, self.multiplier = inner, float(multiplier)
+
+    def __call__(self, where: float) -> float:
+        return self.multiplier * self.inner(where)
+
+
+def check_lr_multipliers(pairs, model: nn.Module) -> list:
+    """OPTIMIZER.lr_multipliers as ``[prefix, multiplier]`` pairs, each prefix naming at least
+    one trainable parameter of ``model``."""
+    names = [name for name, param in model.named_parameters() if param.requires_grad]
+    checked = []
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or \
+                not isinstance(pair[1], (int, float)) or isinstance(pair[1], bool) or pair[1] < 0:
+            raise ValueError("OPTIMIZER.lr_multipliers entries are [parameter name prefix, "
+                             f"multiplier >= 0], e.g. [heads.1, 10.0]; got {pair!r}")
+        prefix = str(pair[0]).removeprefix("module.")
+        if not any(name == prefix or name.startswith(prefix + ".") for name in names):
+            tops = sorted({".".join(name.split(".")[:2]) for name in names})
+            raise ValueError(f"OPTIMIZER.lr_multipliers: no trainable parameter is named "
+                             f"'{prefix}' or under it; the model's start with {tops}")
+        checked.append([prefix, float(pair[1])])
+    return checked
+
+
 def sharded_optimizer(optimizer) -> Optional[Any]:
     """The OSS instance in ``optimizer`` (itself or the one LARC wraps), else None."""
     from fairscale.optim.oss import OSS
@@ -124,8 +154,13 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
         weight_decay=optimizer_cfg["weight_decay"] if weight_decay is None else weight_decay,
         regularize_bn=optimizer_cfg["regularize_bn"],
         regularize_bias=optimizer_cfg["regularize_bias"],
+        lr_multipliers=check_lr_multipliers(optimizer_cfg.get("lr_multipliers") or [], model),
     )
-    classy_optimizer.set_param_groups(param_groups, lr=build_lr_scheduler(optimizer_cfg))
+    lr = build_lr_scheduler(optimizer_cfg)
+    for group in param_groups:  # each group's own lr schedule (classy evaluates it per step)
+        multiplier = group.pop("lr_multiplier")
+        group["lr"] = lr if multiplier == 1.0 else ScaledParamScheduler(lr, multiplier)
+    classy_optimizer.set_param_groups(param_groups)
     if optimizer_cfg.get("use_zero", False):
         classy_optimizer.optimizer = shard_state(classy_optimizer.optimizer)
     if optimizer_cfg.get("use_larc", False):
