@@ -23,6 +23,8 @@ setup(
         "scikit-learn",
         # the vision_transformer trunk is timm's VisionTransformer (forward_intermediates)
         "timm>=1.0.31,<2",
+        # SLURM submission, requeue on preemption (config.SLURM): submitit's executors
+        "submitit>=1.5",
     ],
     # lightly: independent implementations of the SSL losses, the tests' oracle
     extras_require={"dev": ["pytest", "lightly==1.6.0"]},

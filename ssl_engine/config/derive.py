@@ -41,20 +41,28 @@ def _check_choices(cfg: AttrDict) -> None:
                           f"got {workers!r}")
 
 
-def _derive_device_and_backend(cfg: AttrDict) -> None:
+def check_gpus(cfg: AttrDict) -> None:
+    """MACHINE.DEVICE=gpu needs NUM_PROC_PER_NODE visible GPUs."""
     import torch
 
-    use_gpu = cfg.MACHINE.DEVICE == "gpu"
-    if use_gpu and not torch.cuda.is_available():
+    if cfg.MACHINE.DEVICE != "gpu":
+        return
+    if not torch.cuda.is_available():
         raise ConfigError(
             "config.MACHINE.DEVICE=gpu but no CUDA device is visible; "
             "run with config.MACHINE.DEVICE=cpu"
         )
-    if use_gpu and cfg.DISTRIBUTED.NUM_PROC_PER_NODE > torch.cuda.device_count():
+    if cfg.DISTRIBUTED.NUM_PROC_PER_NODE > torch.cuda.device_count():
         raise ConfigError(
             f"config.DISTRIBUTED.NUM_PROC_PER_NODE={cfg.DISTRIBUTED.NUM_PROC_PER_NODE} "
             f"but only {torch.cuda.device_count()} GPUs are visible"
         )
+
+
+def _derive_device_and_backend(cfg: AttrDict) -> None:
+    use_gpu = cfg.MACHINE.DEVICE == "gpu"
+    if not cfg.SLURM.get("USE_SLURM", False):  # else checked on the job's nodes
+        check_gpus(cfg)
     backend = cfg.DISTRIBUTED.BACKEND
     if backend == "auto":
         cfg.DISTRIBUTED.BACKEND = "nccl" if use_gpu else "gloo"

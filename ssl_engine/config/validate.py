@@ -11,7 +11,8 @@ from ssl_engine.config.errors import ConfigError
 from ssl_engine.utils.registry import closest_name
 
 # Patterns of sections whose children are free: keyword arguments of a component chosen by name.
-OPEN_SUBTREES = ("config.DATA.*.COLLATE_FUNCTION_PARAMS", "config.MODEL.AMP_PARAMS.AMP_ARGS")
+OPEN_SUBTREES = ("config.DATA.*.COLLATE_FUNCTION_PARAMS", "config.MODEL.AMP_PARAMS.AMP_ARGS",
+                 "config.SLURM.ADDITIONAL_PARAMETERS")
 # Keys that take an int or the word "auto" (their default).
 INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
 # Keys that take a number or the word "inf" (VISSL's NORM_TYPE of clipping: inf is the max-norm).

@@ -192,6 +192,26 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
             _spawn(nproc, engine_name, cfg, run_id, checkpoint_path, hook_generator)
 
 
+def submit_to_slurm(cfg: AttrDict, engine_name: str) -> int:
+    """Submit the run with submitit and print the job id and log folder; without SLURM (the
+    local executor) wait for the job and return its outcome."""
+    from ssl_engine.engines.slurm import is_local, submit
+
+    job = submit(cfg, engine_name)
+    print(f"submitted job {job.job_id}; its logs: {job.paths.folder}", flush=True)
+    if not is_local(job):  # on SLURM: the job runs there
+        return 0
+    try:
+        job.result()  # the local executor: this machine runs it
+    except Exception as err:  # submitit's FailedJobError carries the job's traceback
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        print(f"error: job {job.job_id} failed: {lines[-1] if lines else err}; its logs: "
+              f"{job.paths.stderr}", file=sys.stderr)
+        return 1
+    print(f"job {job.job_id} finished; checkpoints in {cfg.CHECKPOINT.DIR}", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
     # mp.spawn logs a warning for each process it stops after one failed: the error says it all
@@ -205,6 +225,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
+        if cfg.SLURM.USE_SLURM:
+            return submit_to_slurm(cfg, engine_name)
         launch_distributed(cfg, engine_name)
     except RunLockError as err:  # another launch took the folder since the check
         print(f"error: {err}", file=sys.stderr)

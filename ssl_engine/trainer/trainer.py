@@ -115,6 +115,12 @@ class SelfSupervisionTrainer:
             logger.error("training stopped on rank %d: %s", get_rank(), err)
             task.run_hook(Event.on_exception)
             raise
+        except SystemExit as err:  # e.g. submitit requeueing a preempted job: not a failure
+            logger.info("training stopped on rank %d by an exit request (code %s) at iteration "
+                        "%d; a resumed run continues from the last checkpoint", get_rank(),
+                        err.code, task.iteration)
+            task.run_hook(Event.on_exception)
+            raise
         except BaseException as err:
             died = worker_death_error(err, self.cfg, "TRAIN" if task.train else "TEST",
                                       task.data_iterator, then=RESUME_HINT)
