@@ -40,6 +40,11 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     with torch.no_grad():  # every rank starts from rank 0's weights, as with DDP
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor, src=0)
+        # FSDP2 shards contiguous parameters only: MODEL.CHANNELS_LAST then applies to the
+        # activations (the inputs are channels_last, and convolutions keep that layout)
+        for param in model.parameters():
+            if not param.is_contiguous():
+                param.data = param.data.contiguous()
     units = list(getattr(model.trunk, "fsdp_units", lambda: [])())
     units += [head for head in model.heads if any(True for _ in head.parameters())]
     for unit in units:
@@ -74,6 +79,9 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
                    "to shard the optimizer state")
         if why:
             raise ConfigError(f"TRAINER.TASK_NAME=self_supervision_fsdp_task with {why}")
+
+    def channels_last_weights(self) -> bool:
+        return False  # FSDP2 shards contiguous parameters only
 
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return shard_model(model)  # the model itself, its parameters now sharded DTensors

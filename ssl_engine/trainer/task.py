@@ -92,7 +92,7 @@ class SelfSupervisionTask(ClassyTask):
             from ssl_engine.models.weights_init import load_weights_init
 
             load_weights_init(self.base_model, cfg.MODEL.WEIGHTS_INIT)
-        if cfg.MODEL.CHANNELS_LAST:
+        if cfg.MODEL.CHANNELS_LAST and self.channels_last_weights():
             self.base_model.to(memory_format=torch.channels_last)
         if cfg.MODEL.COMPILE.USE_COMPILE:  # in place: parameter names and checkpoints unchanged
             backend = cfg.MODEL.COMPILE.BACKEND
@@ -114,6 +114,11 @@ class SelfSupervisionTask(ClassyTask):
         # updates per epoch: a last, shorter group of micro-batches still makes an update
         self.num_train_iters_per_epoch = -(-batches // self.accumulation_steps)
         self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
+
+    def channels_last_weights(self) -> bool:
+        """Whether MODEL.CHANNELS_LAST converts the weights too, or only the inputs (whose
+        layout convolutions keep): ZeRO's broadcasts need contiguous parameters."""
+        return not self.config.OPTIMIZER.get("use_zero", False)
 
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if get_world_size() == 1:
