@@ -21,7 +21,8 @@ from pathlib import Path
 from ssl_engine.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav"]
+METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav",
+           "dino", "dino_vit"]
 
 
 def run_recipe(method: str, out_dir: Path, overrides) -> dict:

@@ -1,4 +1,5 @@
 """SelfSupervisionTrainer: sets up torch.distributed, builds the task, runs its phases."""
+import datetime
 import logging
 import os
 from typing import List, Optional
@@ -81,8 +82,10 @@ class SelfSupervisionTrainer:
         backend = self.cfg.DISTRIBUTED.BACKEND
         logger.info("init process group: backend=%s rank=%d world=%d init=%s",
                     backend, self.rank, self.world_size, self.dist_run_id)
+        minutes = float(self.cfg.DISTRIBUTED.get("TIMEOUT_MINUTES", 30))
         dist.init_process_group(backend=backend, init_method=self.dist_run_id,
-                                rank=self.rank, world_size=self.world_size)
+                                rank=self.rank, world_size=self.world_size,
+                                timeout=datetime.timedelta(minutes=minutes))
 
     def _find_checkpoint(self, checkpoint_path: Optional[str]):
         if checkpoint_path:
