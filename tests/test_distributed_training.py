@@ -113,6 +113,13 @@ def test_a_dead_rank_ends_the_run_with_one_message(tmp_path):
     assert os.readlink(tmp_path / "checkpoint.torch") == "model_iteration2.torch"
 
 
+def _read_bytes(path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # a process that ended meanwhile
+        return b""
+
+
 def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(tmp_path):
     """Elastic restart: rank 1 is killed after iteration 3 of torchrun's first attempt; torchrun
     starts the group again, which resumes from the checkpoint of iteration 2 and ends with the
@@ -145,15 +152,18 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(
              "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2", "config.CHECKPOINT.AUTO_RESUME=true",
              "config.DISTRIBUTED.TIMEOUT_MINUTES=0.5", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
         try:
             _, stderr = command.communicate(timeout=240)
-        finally:  # torchrun and its workers, also when a stuck one timed the test out
-            try:
-                os.killpg(command.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        finally:  # torchrun and its workers (in sessions of their own), also after a timeout
+            for pid in [command.pid] + [int(p.name) for p in Path("/proc").iterdir()
+                                        if p.name.isdigit() and str(tmp_path).encode() in
+                                        _read_bytes(p / "cmdline")]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         return SimpleNamespace(returncode=command.returncode, stderr=stderr)
 
     proc = torchrun("elastic", "config.TRAINER.TRAIN_STEP_NAME=kill_after_iteration",
