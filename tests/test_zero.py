@@ -1,7 +1,6 @@
-"""OPTIMIZER.use_zero (fairscale's OSS) and MODEL.SHARDED_DDP_SETUP.USE_SDP (its
-ShardedDataParallel): 2 processes with the optimizer state (and the gradient reduction)
-sharded train like 1 process with the whole batch and a full optimizer, save the whole state
-in torch's layout, and a run saved by 2 processes resumes on 1."""
+"""OPTIMIZER.use_zero (fairscale's OSS): 2 processes with the optimizer state sharded train
+like 1 process with the whole batch and a full optimizer, save the whole state in torch's
+layout, and a run saved by 2 processes resumes on 1."""
 import re
 
 import torch
@@ -45,13 +44,6 @@ def test_sharded_state_trains_saves_and_resumes_like_a_full_optimizer(tmp_path):
     assert_close(weights, one_weights)
     assert len(momentum) == len(weights)  # rank 0 saved every parameter's, not its shard's
     assert_close(momentum, one_momentum)
-    # ZeRO stage 2 (fairscale's ShardedDataParallel: each gradient reduced to its owner only)
-    run_engine(tmp_path / "sdp", COMMON + TWO + ["config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true",
-                                                 "config.OPTIMIZER.num_epochs=1"])
-    assert "use_zero: rank 0 keeps" in (tmp_path / "sdp" / "log.txt").read_text()
-    sdp_weights, sdp_momentum = weights_and_momentum(tmp_path / "sdp" / "checkpoint.torch")
-    assert_close(sdp_weights, one_weights)
-    assert_close(sdp_momentum, one_momentum)
     # the second epoch on 1 process with the whole batch, from that checkpoint
     run_engine(tmp_path / "moved", COMMON + ONE + ZERO + ["config.CHECKPOINT.AUTO_RESUME=true"])
     assert_close(weights_and_momentum(tmp_path / "moved" / "checkpoint.torch")[0],

@@ -99,14 +99,11 @@ class SelfSupervisionTask(ClassyTask):
             self.base_model.trunk.compile(backend=backend,
                                           mode=None if backend != "inductor" else
                                           cfg.MODEL.COMPILE.MODE)
-        if self.uses_sharded_ddp() and not cfg.TEST_ONLY:  # its wrapper needs the optimizer
-            self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.loss = build_loss(cfg.LOSS).to(self.device)
         if hasattr(self.loss, "bind_model"):  # e.g. a momentum target copied from the model
             self.loss.bind_model(self.base_model)
-        if self.optimizer is None and not cfg.TEST_ONLY:
-            self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
+        self.optimizer = None if cfg.TEST_ONLY else build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)
         if checkpoint is not None:
             self.set_classy_state(checkpoint["classy_state_dict"])
@@ -123,20 +120,9 @@ class SelfSupervisionTask(ClassyTask):
         layout convolutions keep): ZeRO's broadcasts need contiguous parameters."""
         return not self.config.OPTIMIZER.get("use_zero", False)
 
-    def uses_sharded_ddp(self) -> bool:
-        """MODEL.SHARDED_DDP_SETUP.USE_SDP: fairscale's ShardedDataParallel (ZeRO stage 2)."""
-        return bool((self.config.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False))
-
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if get_world_size() == 1:
             return model
-        if self.uses_sharded_ddp() and self.optimizer is not None:
-            # each gradient is reduced to the rank that owns its optimizer state only
-            from fairscale.nn.data_parallel import ShardedDataParallel
-
-            size = int(self.config.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size)
-            return ShardedDataParallel(model, self.optimizer.sharded,
-                                       **({"reduce_buffer_size": size} if size >= 0 else {}))
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
 
