@@ -155,6 +155,14 @@ def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+    if error_dir is not None:  # a spawned process whose run succeeded: nothing is left to do.
+        # Leave without the interpreter's teardown, where a native library's thread destroyed
+        # while still joinable once aborted an FSDP rank (SIGABRT, "terminate called without
+        # an active exception") after its run had finished and saved everything.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
