@@ -2,6 +2,7 @@
 that replaces torch's when a loader worker process dies."""
 import re
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -72,15 +73,24 @@ def quiet_dead_worker_transfers() -> None:
     """Keep the resource-sharer thread's traceback about a dead worker off stderr (installed
     once per process); every other thread error is printed as before."""
     previous = threading.excepthook
-    if getattr(previous, "quiet_dead_worker_transfers", False):
-        return
+    if not getattr(previous, "quiet_dead_worker_transfers", False):
+        def hook(args):
+            if not _is_broken_transfer(args.exc_value):  # the loader reports the death itself
+                previous(args)
 
-    def hook(args):
-        if not _is_broken_transfer(args.exc_value):  # the loader reports the death itself
-            previous(args)
+        hook.quiet_dead_worker_transfers = True
+        threading.excepthook = hook
+    # the resource sharer's server thread catches its errors and hands them to sys.excepthook
+    # itself (which torch.distributed replaces when the process group starts: wrapped here,
+    # after it)
+    previous_sys = sys.excepthook
+    if not getattr(previous_sys, "quiet_dead_worker_transfers", False):
+        def sys_hook(exc_type, exc_value, exc_traceback):
+            if not _is_broken_transfer(exc_value):
+                previous_sys(exc_type, exc_value, exc_traceback)
 
-    hook.quiet_dead_worker_transfers = True
-    threading.excepthook = hook
+        sys_hook.quiet_dead_worker_transfers = True
+        sys.excepthook = sys_hook
 
 
 class DataWorkerDiedError(RuntimeError):
