@@ -62,10 +62,11 @@ class GenericSSLDataset(Dataset):
         if self.label_type == "sample_index":
             label = idx
         with seeded_rngs(sample_seed(self.seed_value, epoch, idx)):
-            views = self.transform(image)
+            views, view_labels = self.transform.apply(image)
         views = views if isinstance(views, list) else [views]
         views = [view if isinstance(view, torch.Tensor) else to_tensor(view) for view in views]
-        labels = [int(label)] * len(views)
+        view_labels = view_labels or [None] * len(views)  # set by e.g. ImgRotatePil
+        labels = [int(label) if own is None else int(own) for own in view_labels]
         return {"data": views, "label": labels, "data_idx": idx, "data_valid": True}
 
 
