@@ -12,7 +12,7 @@ from ssl_engine.data.transforms import build_transforms
 
 logger = logging.getLogger(__name__)
 
-LABEL_TYPES = ("standard", "sample_index")
+LABEL_TYPES = ("standard", "sample_index", "zero")
 
 
 class GenericSSLDataset(Dataset):
@@ -61,6 +61,8 @@ class GenericSSLDataset(Dataset):
         image, label = self.source[idx]
         if self.label_type == "sample_index":
             label = idx
+        elif self.label_type == "zero":
+            label = 0
         with seeded_rngs(sample_seed(self.seed_value, epoch, idx)):
             views, view_labels = self.transform.apply(image)
         views = views if isinstance(views, list) else [views]
