@@ -20,6 +20,9 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def check_loss_is_finite(task, loss: torch.Tensor) -> None:
+    """Stop on a NaN or infinite loss unless HOOKS.CHECK_NAN is off."""
+    if not task.config.HOOKS.CHECK_NAN:
+        return
     value = loss.item()
     if not math.isfinite(value):
         raise NonFiniteLossError(
