@@ -219,6 +219,32 @@ def test_default_collator_stacks_one_view():
         build_collator("default")(labelled_samples(3, [(2, 2), (2, 2)]))
 
 
+def test_vissl_collator_names_and_siamese_collator():
+    samples = labelled_samples(3, [(2, 2)])
+    assert_same_batches([build_collator("default_collate")(samples)],
+                        [build_collator("default")(samples)])
+    tiled = labelled_samples(2, [(4, 1, 2, 2)])  # 4 tiles of [1, 2, 2] per sample
+    for b, sample in enumerate(tiled):
+        sample["data"][0] = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 1, 2, 2) + 10 * b
+    batch = build_collator("siamese_collator")(tiled)
+    assert batch["input"].shape == (8, 1, 2, 2)
+    assert batch["input"][:, 0, 0, 0].tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert batch["target"].tolist() == [100, 101] and batch["data_idx"].tolist() == [50, 51]
+    with pytest.raises(ValueError, match="siamese_collator takes one view per sample"):
+        build_collator("siamese_collator")(labelled_samples(2, [(2, 2)]))
+
+
+def test_label_type_zero_and_rotation_labels():
+    cfg = make_cfg(DATA_SOURCES=["synthetic"], LABEL_TYPE="zero",
+                   SYNTHETIC={"NUM_SAMPLES": 4, "IMAGE_SIZE": 8, "NUM_CLASSES": 3},
+                   TRANSFORMS=[{"name": "ToTensor"}])
+    assert {build_dataset(cfg, "TRAIN")[i]["label"][0] for i in range(4)} == {0}
+    cfg.DATA.TRAIN.TRANSFORMS = [{"name": "ImgReplicatePil", "num_times": 4},
+                                 {"name": "ImgRotatePil", "num_angles": 4}]
+    labels = [build_dataset(cfg, "TRAIN")[i]["label"] for i in range(4)]
+    assert {label for per_view in labels for label in per_view} == {0, 1, 2, 3}
+
+
 def test_simclr_collator_is_view_major():
     batch = build_collator("simclr_collator")(labelled_samples(3, [(2, 2)] * 2))
     assert batch["input"].shape == (6, 1, 2, 2)

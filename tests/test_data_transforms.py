@@ -101,7 +101,7 @@ def test_gaussian_blur_probability_and_radius(image):
 
 
 def test_solarize_inverts_bright_pixels(image):
-    chain = build_transforms([{"name": "ImgPilRandomSolarize", "prob": 1.0}])
+    chain = build_transforms([{"name": "ImgPilRandomSolarize", "p": 1.0, "threshold": 128}])
     pixels = np.asarray(image)
     expected = np.where(pixels >= 128, 255 - pixels, pixels)
     assert np.array_equal(np.asarray(run_seeded(chain, image)), expected)
@@ -145,3 +145,96 @@ def test_gaussian_blur_on_pil_images_equals_torchvision(kernel, size, mode):
         assert got.shape == expected.shape
         assert np.abs(got - expected).max() <= 1
         assert after_got == after_expected  # the same random draws
+
+
+# ------------------------------------------------------------- VISSL's transforms by name
+def test_random_solarize_draws_its_threshold_and_prob_is_another_name_of_p(image):
+    pixels = np.asarray(image).astype(int)
+    chain = build_transforms([{"name": "ImgPilRandomSolarize", "p": 1.0}])
+    thresholds = set()
+    for seed in range(8):
+        out = np.asarray(run_seeded(chain, image, seed)).astype(int)
+        inverted = out != pixels
+        assert np.array_equal(out[inverted], 255 - pixels[inverted])
+        # every inverted pixel is brighter than every kept one that differs from its inverse
+        kept = ~inverted & (pixels != 255 - pixels)
+        if inverted.any() and kept.any():
+            assert pixels[inverted].min() > pixels[kept].max()
+        thresholds.add(int(inverted.sum()))
+    assert len(thresholds) > 3  # the threshold changes from draw to draw
+    old_name = build_transforms([{"name": "ImgPilRandomSolarize", "prob": 0.0}])
+    assert np.array_equal(np.asarray(run_seeded(old_name, image)), pixels)
+
+
+def test_random_color_jitter_is_randomly_applied_simclr_jitter(image):
+    s, p = 0.5, 0.6
+    reference = T.RandomApply([T.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)], p=p)
+    chain = build_transforms([{"name": "ImgPilRandomColorJitter", "strength": s, "p": p}])
+    applied = 0
+    for seed in range(8):
+        got, expected = run_seeded(chain, image, seed), run_seeded(reference, image, seed)
+        assert np.array_equal(np.asarray(got), np.asarray(expected))
+        applied += not np.array_equal(np.asarray(got), np.asarray(image))
+    assert 0 < applied < 8
+
+
+def test_random_photometric_is_posterize_sharpness_solarize_autocontrast(image):
+    from PIL import ImageEnhance, ImageOps
+
+    chain = build_transforms([{"name": "ImgPilRandomPhotometric", "p": 1.0}])
+    torch.manual_seed(5)
+    torch.rand(())  # the draw that decides to apply
+    bits = int(torch.randint(4, 9, ()).item())
+    factor = 0.1 + 1.8 * torch.rand(()).item()
+    threshold = int(torch.randint(0, 257, ()).item())
+    expected = ImageOps.posterize(image, bits)
+    expected = ImageOps.solarize(ImageEnhance.Sharpness(expected).enhance(factor), threshold)
+    expected = ImageOps.autocontrast(expected)
+    assert np.array_equal(np.asarray(run_seeded(chain, image, 5)), np.asarray(expected))
+    never = build_transforms([{"name": "ImgPilRandomPhotometric", "p": 0.0}])
+    assert np.array_equal(np.asarray(run_seeded(never, image)), np.asarray(image))
+
+
+def test_to_tensor_and_raw_tensor(image):
+    scaled = build_transforms([{"name": "ImgToTensor"}])(image)
+    raw = build_transforms([{"name": "ImgPilToRawTensor"}])(image)
+    assert torch.equal(scaled, T.ToTensor()(image))
+    assert raw.dtype == torch.float32 and torch.equal(raw, torch.round(scaled * 255))
+    assert raw.max() > 1.0
+
+
+def test_rotate_sets_the_label_of_each_view(image):
+    chain = build_transforms([{"name": "ImgReplicatePil", "num_times": 3},
+                              {"name": "ImgRotatePil", "num_angles": 4}])
+    torch.manual_seed(1)
+    views, labels = chain.apply(image)
+    assert len(views) == 3 and all(0 <= label < 4 for label in labels)
+    for view, label in zip(views, labels):
+        expected = image.rotate(90 * label)  # counter-clockwise, like torchvision
+        assert np.array_equal(np.asarray(view), np.asarray(expected))
+    assert chain.apply(image)[1] is not None
+    assert build_transforms([{"name": "ToTensor"}]).apply(image)[1] is None
+
+
+def test_multicrop_random_apply_uses_one_probability_per_view(image):
+    chain = build_transforms([
+        {"name": "ImgReplicatePil", "num_times": 2},
+        {"name": "ImgPilMultiCropRandomApply", "prob": [0.0, 1.0],
+         "transforms": [{"name": "ImgPilRandomSolarize", "p": 1.0, "threshold": 0}]},
+    ])
+    first, second = run_seeded(chain, image)
+    assert np.array_equal(np.asarray(first), np.asarray(image))
+    assert np.array_equal(np.asarray(second), 255 - np.asarray(image))
+    with pytest.raises(ValueError, match="2 probabilities \\(prob\\) for 3 views"):
+        chain.transforms[1]([image] * 3)
+
+
+def test_resize_larger_side_and_to_rgb():
+    wide = Image.new("L", (40, 10), color=7)
+    resized = build_transforms([{"name": "ImgPilResizeLargerSide", "size": 20}])(wide)
+    assert resized.size == (20, 5)
+    rgb = build_transforms([{"name": "MNISTImgPil2RGB", "size": 44, "box": [2, 2]}])(wide)
+    pixels = np.asarray(rgb)
+    assert rgb.mode == "RGB" and rgb.size == (44, 44)
+    assert (pixels[2:12, 2:42] == 7).all() and pixels[0].sum() == 0 and pixels[12:].sum() == 0
+    assert build_transforms([{"name": "ImgPil2RGB"}])(wide).size == (40, 10)

@@ -12,7 +12,7 @@ from ssl_engine.data.transforms import build_transforms
 
 logger = logging.getLogger(__name__)
 
-LABEL_TYPES = ("standard", "sample_index")
+LABEL_TYPES = ("standard", "sample_index", "zero")
 
 
 class GenericSSLDataset(Dataset):
@@ -61,11 +61,14 @@ class GenericSSLDataset(Dataset):
         image, label = self.source[idx]
         if self.label_type == "sample_index":
             label = idx
+        elif self.label_type == "zero":
+            label = 0
         with seeded_rngs(sample_seed(self.seed_value, epoch, idx)):
-            views = self.transform(image)
+            views, view_labels = self.transform.apply(image)
         views = views if isinstance(views, list) else [views]
         views = [view if isinstance(view, torch.Tensor) else to_tensor(view) for view in views]
-        labels = [int(label)] * len(views)
+        view_labels = view_labels or [None] * len(views)  # set by e.g. ImgRotatePil
+        labels = [int(label) if own is None else int(own) for own in view_labels]
         return {"data": views, "label": labels, "data_idx": idx, "data_valid": True}
 
 

@@ -2,6 +2,7 @@
 import os
 from typing import List
 
+from ssl_engine.config import ConfigError
 from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
 from ssl_engine.hooks.checkpoint_hook import CheckpointHook
 from ssl_engine.hooks.collapse_monitor_hook import CollapseMonitorHook
@@ -9,17 +10,21 @@ from ssl_engine.hooks.feature_report_hook import FeatureReportHook
 from ssl_engine.hooks.frozen_params_hook import FrozenParamsHook
 from ssl_engine.hooks.knn_hook import KnnEvalHook
 from ssl_engine.hooks.log_hooks import LogLossLrEtaHook
+from ssl_engine.hooks.perf_hooks import ModelComplexityHook, PerfStatsHook
+from ssl_engine.hooks.registry import HOOK_REGISTRY, register_hook
 from ssl_engine.hooks.tensorboard_hook import TensorboardHook
 
 __all__ = ["CheckpointHook", "CollapseMonitorHook", "FeatureReportHook", "FrozenParamsHook", "KnnEvalHook",
-           "LogLossLrEtaHook", "SSLClassyHookFunctions", "SSLHook", "TensorboardHook",
-           "default_hook_generator"]
+           "LogLossLrEtaHook", "ModelComplexityHook", "PerfStatsHook", "SSLClassyHookFunctions",
+           "SSLHook", "TensorboardHook", "default_hook_generator", "register_hook"]
 
 
 def default_hook_generator(cfg) -> List[SSLHook]:
     """The hooks every run gets: logging, checkpoints (when training), then TensorBoard, the
     online k-NN evaluation, the final feature report, the collapse monitor (self-supervised
-    training) and temporarily frozen parameters when asked, then the loss's own."""
+    training) and temporarily frozen parameters when asked, the step timings
+    (HOOKS.PERF_STATS) and the model's flops (HOOKS.MODEL_COMPLEXITY), then the loss's own,
+    then the registered hooks named in HOOKS.EXTRA_HOOKS."""
     hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
@@ -37,7 +42,28 @@ def default_hook_generator(cfg) -> List[SSLHook]:
         hooks.append(CollapseMonitorHook(monitor.MIN_EMBEDDING_STD))
     if cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP and not cfg.TEST_ONLY:
         hooks.append(FrozenParamsHook(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP))
-    return hooks + loss_hooks(cfg)
+    perf = cfg.HOOKS.PERF_STATS
+    if perf.MONITOR_PERF_STATS or perf.ROLLING_BTIME_FREQ > 0:
+        hooks.append(PerfStatsHook(perf.PERF_STAT_FREQUENCY, perf.ROLLING_BTIME_FREQ))
+    if cfg.HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY:
+        hooks.append(ModelComplexityHook(cfg.HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE,
+                                         cfg.CHECKPOINT.DIR))
+    return hooks + loss_hooks(cfg) + extra_hooks(cfg)
+
+
+def extra_hooks(cfg) -> List[SSLHook]:
+    """One ``cls(cfg)`` per name in HOOKS.EXTRA_HOOKS, from the hooks registered with
+    ``register_hook``."""
+    hooks = []
+    for index, name in enumerate(cfg.HOOKS.EXTRA_HOOKS):
+        hook_cls = HOOK_REGISTRY.get(name) if name in HOOK_REGISTRY else None
+        if hook_cls is None:
+            known = ", ".join(HOOK_REGISTRY.names()) or "(none)"
+            raise ConfigError(f"config.HOOKS.EXTRA_HOOKS[{index}]: no hook is registered as "
+                              f"'{name}' (register_hook; import its module with "
+                              f"SSL_ENGINE_PLUGINS). Registered hooks: {known}")
+        hooks.append(hook_cls(cfg))
+    return hooks
 
 
 def loss_hooks(cfg) -> List[SSLHook]:

@@ -2,7 +2,12 @@
 import warnings
 from typing import List
 
-from ssl_engine.meters.accuracy_list_meter import AccuracyListMeter
+from ssl_engine.meters.mean_ap_list_meter import MeanAPListMeter
+from ssl_engine.meters.topk_list_meter import (
+    AccuracyListMeter,
+    PrecisionAtKListMeter,
+    RecallAtKListMeter,
+)
 from ssl_engine.utils.registry import lookup
 
 with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
@@ -11,12 +16,19 @@ with warnings.catch_warnings():  # classy_vision imports deprecated torchvision 
 
 
 def build_meters(meters_cfg) -> List[ClassyMeter]:
-    """One meter per name in ``meters_cfg.names``, configured by ``meters_cfg[name]``."""
+    """One meter per name in ``meters_cfg.names`` (and the older single ``meters_cfg.name``),
+    configured by ``meters_cfg[name]``; an empty name means no meter."""
     meters = []
-    for name in meters_cfg.get("names", []):
+    names = list(meters_cfg.get("names", []))
+    if meters_cfg.get("name") and meters_cfg.get("name") not in names:  # VISSL's older key
+        names.insert(0, meters_cfg.get("name"))
+    for name in names:
+        if not name:
+            continue
         meter_cls = lookup(METER_REGISTRY, name, "meter")
         meters.append(meter_cls.from_config(meters_cfg.get(name) or {}))
     return meters
 
 
-__all__ = ["AccuracyListMeter", "build_meters"]
+__all__ = ["AccuracyListMeter", "MeanAPListMeter", "PrecisionAtKListMeter",
+           "RecallAtKListMeter", "build_meters"]

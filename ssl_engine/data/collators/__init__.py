@@ -2,7 +2,13 @@
 "input_momentum" for moco_collator)."""
 import functools
 
-from ssl_engine.data.collators import default, moco, multicrop, simclr  # noqa: F401  (registers them)
+from ssl_engine.data.collators import (  # noqa: F401  (importing registers them)
+    default,
+    moco,
+    multicrop,
+    siamese,
+    simclr,
+)
 from ssl_engine.data.registry import COLLATOR_REGISTRY
 
 

@@ -4,6 +4,7 @@ from ssl_engine.data.collators.common import num_views, view_major_meta
 from ssl_engine.data.registry import register_collator
 
 
+@register_collator("default_collate")  # VISSL's name
 @register_collator("default")
 def default_collator(samples):
     """One view per sample -> {"input": [B, C, H, W], "target", "data_idx", "data_valid": [B]}."""

@@ -5,7 +5,12 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     gaussian_blur,
     img_replicate,
     multicrop,
+    multicrop_random_apply,
+    photometric,
+    resize,
+    rotate,
     solarize,
+    to_tensor,
 )
 from ssl_engine.data.transforms.chain import (  # noqa: F401
     TransformChain,

@@ -1,6 +1,6 @@
 """Build the transform pipeline of a split from its TRANSFORMS list."""
 import inspect
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import torchvision.transforms as tv_transforms
 from torchvision.transforms import InterpolationMode
@@ -25,18 +25,35 @@ def _params(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 class TransformChain:
     """Applies transforms in order. A transform with ``makes_views = True`` turns one image into
-    a list of views; every later transform is applied to each view independently."""
+    a list of views; every later transform is applied to each view independently, except one
+    with ``takes_views = True``, which gets the whole list (e.g. a different probability per
+    view). A transform with ``sets_label = True`` returns ``(image, label)``: the label of that
+    view becomes ``label`` (e.g. the rotation a RotNet model must predict)."""
 
     def __init__(self, transforms: List[Any]):
         self.transforms = transforms
 
     def __call__(self, sample):
+        return self.apply(sample)[0]
+
+    def apply(self, sample) -> Tuple[Any, Optional[List[Optional[int]]]]:
+        """(the image or list of views, the label each view got from a ``sets_label``
+        transform: None where none set one; None for all when no such transform ran)."""
+        labels = None
         for transform in self.transforms:
-            if isinstance(sample, list):
-                sample = [transform(view) for view in sample]
-            else:
+            many = isinstance(sample, list)
+            if many and getattr(transform, "takes_views", False):
                 sample = transform(sample)
-        return sample
+                continue
+            outputs = [transform(view) for view in sample] if many else [transform(sample)]
+            if getattr(transform, "sets_label", False):
+                outputs, labels = [out[0] for out in outputs], [out[1] for out in outputs]
+            if getattr(transform, "makes_views", False):
+                if labels is not None:  # every copy of a view keeps the view's label
+                    labels = [label for label, out in zip(labels, outputs) for _ in out]
+                outputs = outputs[0]
+            sample = outputs if many or getattr(transform, "makes_views", False) else outputs[0]
+        return sample, labels
 
     def __repr__(self) -> str:
         inner = "".join(f"\n  {t!r}" for t in self.transforms)

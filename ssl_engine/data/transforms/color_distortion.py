@@ -1,6 +1,13 @@
+import torch
 import torchvision.transforms as T
 
 from ssl_engine.data.registry import register_transform
+from ssl_engine.data.transforms.photometric import check_probability
+
+
+def simclr_jitter(strength: float) -> T.ColorJitter:
+    """SimCLR's ColorJitter of strength s: brightness, contrast, saturation 0.8s, hue 0.2s."""
+    return T.ColorJitter(0.8 * strength, 0.8 * strength, 0.8 * strength, 0.2 * strength)
 
 
 @register_transform("ImgPilColorDistortion")
@@ -10,11 +17,28 @@ class ImgPilColorDistortion:
 
     def __init__(self, strength: float = 1.0):
         self.strength = strength
-        jitter = T.ColorJitter(0.8 * strength, 0.8 * strength, 0.8 * strength, 0.2 * strength)
-        self.transform = T.Compose([T.RandomApply([jitter], p=0.8), T.RandomGrayscale(p=0.2)])
+        self.transform = T.Compose([T.RandomApply([simclr_jitter(strength)], p=0.8),
+                                    T.RandomGrayscale(p=0.2)])
 
     def __call__(self, image):
         return self.transform(image)
 
     def __repr__(self) -> str:
         return f"ImgPilColorDistortion(strength={self.strength})"
+
+
+@register_transform("ImgPilRandomColorJitter")
+class ImgPilRandomColorJitter:
+    """With probability ``p``, SimCLR's ColorJitter of ``strength`` (no grayscale)."""
+
+    def __init__(self, strength: float = 1.0, p: float = 0.8):
+        self.strength, self.p = strength, check_probability(p)
+        self.jitter = simclr_jitter(strength)
+
+    def __call__(self, image):
+        if torch.rand(1).item() >= self.p:
+            return image
+        return self.jitter(image)
+
+    def __repr__(self) -> str:
+        return f"ImgPilRandomColorJitter(strength={self.strength}, p={self.p})"

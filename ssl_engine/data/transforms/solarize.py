@@ -1,11 +1,25 @@
-import torchvision.transforms as T
+import torch
 
 from ssl_engine.data.registry import register_transform
+from ssl_engine.data.transforms.photometric import check_probability, random_solarize
 
 
 @register_transform("ImgPilRandomSolarize")
-class ImgPilRandomSolarize(T.RandomSolarize):
-    """With probability ``prob``, invert every pixel value >= 128."""
+class ImgPilRandomSolarize:
+    """With probability ``p``, invert every pixel value >= a threshold drawn uniformly from
+    0..256 (VISSL's behaviour), or >= ``threshold`` when given (BYOL's recipe: 128).
+    ``prob`` is accepted as another name of ``p``."""
 
-    def __init__(self, prob: float = 0.2):
-        super().__init__(threshold=128, p=prob)
+    def __init__(self, p: float = 0.66, threshold: int = None, prob: float = None):
+        self.p = check_probability(p if prob is None else prob)
+        if threshold is not None and not 0 <= int(threshold) <= 256:
+            raise ValueError(f"threshold must be in [0, 256], got {threshold}")
+        self.threshold = None if threshold is None else int(threshold)
+
+    def __call__(self, image):
+        if torch.rand(()).item() >= self.p:
+            return image
+        return random_solarize(image, self.threshold)
+
+    def __repr__(self) -> str:
+        return f"ImgPilRandomSolarize(p={self.p}, threshold={self.threshold})"

@@ -20,6 +20,11 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def check_loss_is_finite(task, loss: torch.Tensor) -> None:
+    """Stop on a NaN or infinite loss unless HOOKS.CHECK_NAN is off (a task without a config
+    always checks)."""
+    config = getattr(task, "config", None)
+    if config is not None and not config.HOOKS.get("CHECK_NAN", True):
+        return
     value = loss.item()
     if not math.isfinite(value):
         raise NonFiniteLossError(

@@ -1,4 +1,9 @@
-"""Top-k accuracy, in percent, of each of several model outputs against one target."""
+"""One classy_vision top-k meter per model output, under VISSL's list-meter names.
+
+``accuracy_list_meter``, ``precision_at_k_list_meter`` and ``recall_at_k_list_meter`` differ only
+in the classy meter each output gets; their config keys are the same
+(``METERS.<name>.{num_meters, topk_values, meter_names}``).
+"""
 import warnings
 from typing import Any, Dict, List, Sequence, Union
 
@@ -6,15 +11,22 @@ import torch
 
 with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
     warnings.simplefilter("ignore")
-    from classy_vision.meters import AccuracyMeter, ClassyMeter, register_meter
+    from classy_vision.meters import (
+        AccuracyMeter,
+        ClassyMeter,
+        PrecisionAtKMeter,
+        RecallAtKMeter,
+        register_meter,
+    )
 
 
-@register_meter("accuracy_list_meter")
-class AccuracyListMeter(ClassyMeter):
-    """One classy AccuracyMeter per model output (e.g. one linear head per trunk stage).
+class TopKListMeter(ClassyMeter):
+    """``num_meters`` copies of ``meter_class(topk_values)``, one per model output (e.g. one
+    linear head per trunk stage). ``value`` is ``{"top_<k>": {meter_name: percent}}``.
+    Subclasses set ``meter_name`` (the registered name) and ``meter_class``."""
 
-    ``value`` is ``{"top_<k>": {meter_name: accuracy in percent}}``.
-    """
+    meter_name = ""
+    meter_class = None
 
     def __init__(
         self, num_meters: int, topk_values: Sequence[int], meter_names: Sequence[str] = ()
@@ -23,22 +35,22 @@ class AccuracyListMeter(ClassyMeter):
         topk_values = [int(k) for k in topk_values]
         if num_meters < 1 or not topk_values or min(topk_values) < 1:
             raise ValueError(
-                "METERS.accuracy_list_meter needs num_meters >= 1 and topk_values of positive "
+                f"METERS.{self.meter_name} needs num_meters >= 1 and topk_values of positive "
                 f"ints, got num_meters={num_meters}, topk_values={topk_values}"
             )
         meter_names = [str(name) for name in meter_names] or [str(i) for i in range(num_meters)]
         if len(meter_names) != num_meters:
             raise ValueError(
-                f"METERS.accuracy_list_meter.meter_names has {len(meter_names)} names "
+                f"METERS.{self.meter_name}.meter_names has {len(meter_names)} names "
                 f"for num_meters={num_meters}"
             )
         self.num_meters = num_meters
         self.topk_values = topk_values
         self.meter_names = meter_names
-        self._meters = [AccuracyMeter(topk_values) for _ in range(num_meters)]
+        self._meters = [self.meter_class(topk_values) for _ in range(num_meters)]
 
     @classmethod
-    def from_config(cls, config: Dict[str, Any]) -> "AccuracyListMeter":
+    def from_config(cls, config: Dict[str, Any]) -> "TopKListMeter":
         return cls(
             num_meters=int(config.get("num_meters", 1)),
             topk_values=list(config.get("topk_values", [1])),
@@ -47,7 +59,7 @@ class AccuracyListMeter(ClassyMeter):
 
     @property
     def name(self) -> str:
-        return "accuracy_list_meter"
+        return self.meter_name
 
     @property
     def value(self) -> Dict[str, Dict[str, float]]:
@@ -65,12 +77,13 @@ class AccuracyListMeter(ClassyMeter):
         target: torch.Tensor,
         **kwargs,
     ) -> None:
-        """``model_output``: one [N, num_classes] tensor per meter; ``target``: [N] classes."""
+        """``model_output``: one [N, num_classes] tensor per meter; ``target``: [N] classes
+        (or [N, num_classes] 0/1 labels for the precision and recall meters)."""
         outputs = [model_output] if isinstance(model_output, torch.Tensor) else list(model_output)
         if len(outputs) != self.num_meters:
             raise ValueError(
-                f"accuracy_list_meter has num_meters={self.num_meters} but the model gave "
-                f"{len(outputs)} output(s); set METERS.accuracy_list_meter.num_meters"
+                f"{self.name} has num_meters={self.num_meters} but the model gave "
+                f"{len(outputs)} output(s); set METERS.{self.name}.num_meters"
             )
         target = target.detach()
         for meter, output in zip(self._meters, outputs):
@@ -106,8 +119,32 @@ class AccuracyListMeter(ClassyMeter):
 
     def __repr__(self) -> str:
         parts = [
-            f"{topk}[{name}]={accuracy:.2f}"
+            f"{topk}[{name}]={percent:.2f}"
             for topk, per_name in self.value.items()
-            for name, accuracy in per_name.items()
+            for name, percent in per_name.items()
         ]
         return f"{self.name}({', '.join(parts)})"
+
+
+@register_meter("accuracy_list_meter")
+class AccuracyListMeter(TopKListMeter):
+    """Top-k accuracy in percent: a sample counts when its class is among the k best scores."""
+
+    meter_name = "accuracy_list_meter"
+    meter_class = AccuracyMeter
+
+
+@register_meter("precision_at_k_list_meter")
+class PrecisionAtKListMeter(TopKListMeter):
+    """Precision@k in percent: correct labels among the k best scores, divided by k per sample."""
+
+    meter_name = "precision_at_k_list_meter"
+    meter_class = PrecisionAtKMeter
+
+
+@register_meter("recall_at_k_list_meter")
+class RecallAtKListMeter(TopKListMeter):
+    """Recall@k in percent: correct labels among the k best scores over all correct labels."""
+
+    meter_name = "recall_at_k_list_meter"
+    meter_class = RecallAtKMeter

@@ -1,0 +1,155 @@
+"""Mean average precision of multi-label predictions, one meter per model output."""
+import warnings
+from typing import Any, Dict, List, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
+    warnings.simplefilter("ignore")
+    from classy_vision.meters import ClassyMeter, register_meter
+
+
+def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Average precision of one class: the precision at every score threshold weighted by the
+    recall gained there (tied scores form one threshold). ``labels`` are 0/1; -1 rows are
+    unknown and left out. -1.0 when the class has no positive."""
+    known = labels >= 0
+    scores, labels = scores[known].double(), labels[known].double()
+    positives = labels.sum()
+    if positives == 0:
+        return -1.0
+    order = torch.argsort(scores, descending=True, stable=True)
+    scores, labels = scores[order], labels[order]
+    true_pos = torch.cumsum(labels, 0)
+    last_of_tie = torch.ones_like(scores, dtype=torch.bool)
+    last_of_tie[:-1] = scores[1:] != scores[:-1]
+    ranks = torch.arange(1, len(scores) + 1, dtype=torch.float64)
+    precision = (true_pos / ranks)[last_of_tie]
+    recall = true_pos[last_of_tie] / positives
+    recall_gain = torch.diff(recall, prepend=recall.new_zeros(1))
+    return float((recall_gain * precision).sum())
+
+
+class _MeanAP:
+    """The scores and 0/1/-1 labels of one output; AP per class and their mean."""
+
+    def __init__(self, num_classes: int, max_samples: int):
+        self.num_classes, self.max_samples = num_classes, max_samples
+        self.reset()
+
+    def reset(self) -> None:
+        empty = (torch.zeros(0, self.num_classes), torch.zeros(0, self.num_classes, dtype=torch.int8))
+        self.synced, self.local = empty, empty  # rows of every rank up to the last sync; since
+
+    def rows(self):
+        return tuple(torch.cat([a, b]) for a, b in zip(self.synced, self.local))
+
+    def update(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
+        if scores.dim() != 2 or scores.shape != labels.shape or scores.shape[1] != self.num_classes:
+            raise ValueError(
+                f"mean_ap_list_meter needs [N, {self.num_classes}] scores and 0/1/-1 labels of "
+                f"the same shape (METERS.mean_ap_list_meter.num_classes), got {tuple(scores.shape)}"
+                f" and {tuple(labels.shape)}")
+        if not torch.isin(labels, torch.tensor([-1, 0, 1], dtype=labels.dtype)).all():
+            raise ValueError("mean_ap_list_meter labels must be 1 (present), 0 (absent) or -1 "
+                             "(unknown)")
+        self.local = (torch.cat([self.local[0], scores.float().cpu()]),
+                      torch.cat([self.local[1], labels.to(torch.int8).cpu()]))
+        stored = len(self.synced[0]) + len(self.local[0])
+        if 0 < self.max_samples < stored:
+            raise ValueError(f"mean_ap_list_meter holds {stored} samples, more than "
+                             f"METERS.mean_ap_list_meter.max_cpu_capacity={self.max_samples}")
+
+    def sync(self) -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self.local)
+        else:
+            gathered = [self.local]
+        self.synced = tuple(torch.cat([part] + [g[i] for g in gathered])
+                            for i, part in enumerate(self.synced))
+        self.local = (self.local[0][:0], self.local[1][:0])
+
+    def value(self):
+        scores, labels = self.rows()
+        per_class = [average_precision(scores[:, c], labels[:, c]) for c in range(self.num_classes)]
+        valid = [ap for ap in per_class if ap >= 0]
+        return (sum(valid) / len(valid) if valid else 0.0), per_class
+
+
+@register_meter("mean_ap_list_meter")
+class MeanAPListMeter(ClassyMeter):
+    """Multi-label mean AP per model output. ``update(output, target)``: ``output`` one
+    [N, num_classes] score tensor per meter, ``target`` [N, num_classes] with 1 (present),
+    0 (absent), -1 (unknown, not counted). ``value``: ``{"mAP": {meter_name: percent},
+    "AP": {meter_name: [AP per class in [0, 1], -1 for a class without positives]}}``.
+    Every score is kept until the phase ends (``max_cpu_capacity`` > 0 bounds them)."""
+
+    def __init__(self, num_classes: int, num_meters: int = 1, meter_names: Sequence[str] = (),
+                 max_cpu_capacity: int = -1):
+        super().__init__()
+        if num_classes < 1 or num_meters < 1:
+            raise ValueError("METERS.mean_ap_list_meter needs num_classes >= 1 and num_meters "
+                             f">= 1, got num_classes={num_classes}, num_meters={num_meters}")
+        meter_names = [str(name) for name in meter_names] or [str(i) for i in range(num_meters)]
+        if len(meter_names) != num_meters:
+            raise ValueError(f"METERS.mean_ap_list_meter.meter_names has {len(meter_names)} "
+                             f"names for num_meters={num_meters}")
+        self.num_classes, self.num_meters, self.meter_names = num_classes, num_meters, meter_names
+        self._meters = [_MeanAP(num_classes, int(max_cpu_capacity)) for _ in range(num_meters)]
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "MeanAPListMeter":
+        return cls(num_classes=int(config.get("num_classes", 9605)),
+                   num_meters=int(config.get("num_meters", 1)),
+                   meter_names=list(config.get("meter_names", None) or []),
+                   max_cpu_capacity=int(config.get("max_cpu_capacity", -1)))
+
+    @property
+    def name(self) -> str:
+        return "mean_ap_list_meter"
+
+    @property
+    def value(self) -> Dict[str, Dict[str, Any]]:
+        values = [meter.value() for meter in self._meters]
+        return {"mAP": {name: 100.0 * v[0] for name, v in zip(self.meter_names, values)},
+                "AP": {name: v[1] for name, v in zip(self.meter_names, values)}}
+
+    def update(self, model_output: Union[torch.Tensor, List[torch.Tensor]],
+               target: torch.Tensor, **kwargs) -> None:
+        outputs = [model_output] if isinstance(model_output, torch.Tensor) else list(model_output)
+        if len(outputs) != self.num_meters:
+            raise ValueError(f"mean_ap_list_meter has num_meters={self.num_meters} but the model "
+                             f"gave {len(outputs)} output(s); set "
+                             "METERS.mean_ap_list_meter.num_meters")
+        for meter, output in zip(self._meters, outputs):
+            meter.update(output.detach(), target.detach())
+
+    def sync_state(self) -> None:
+        """Every rank gets the rows every rank has seen since the last sync."""
+        for meter in self._meters:
+            meter.sync()
+
+    def reset(self) -> None:
+        for meter in self._meters:
+            meter.reset()
+
+    def validate(self, model_output_shape, target_shape) -> None:
+        pass
+
+    def get_classy_state(self) -> Dict[str, Any]:
+        return {"name": self.name, "meter_names": list(self.meter_names),
+                "meters": [{"synced": m.synced, "local": m.local} for m in self._meters]}
+
+    def set_classy_state(self, state: Dict[str, Any]) -> None:
+        if state.get("name") != self.name or list(state.get("meter_names", [])) != self.meter_names:
+            raise ValueError(f"meter state of '{state.get('name')}' with names "
+                             f"{state.get('meter_names')} does not fit {self.name} with names "
+                             f"{self.meter_names}")
+        for meter, meter_state in zip(self._meters, state["meters"]):
+            meter.synced, meter.local = meter_state["synced"], meter_state["local"]
+
+    def __repr__(self) -> str:
+        parts = [f"mAP[{name}]={value:.2f}" for name, value in self.value["mAP"].items()]
+        return f"{self.name}({', '.join(parts)})"
