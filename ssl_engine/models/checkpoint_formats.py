@@ -199,3 +199,23 @@ def model_state_from_torchvision(state: Mapping[str, torch.Tensor]) -> Tuple[dic
     trunk = {k: v for k, v in state.items() if not k.startswith("fc.")}
     depth = check_torchvision_trunk(trunk, "the torchvision state dict")
     return {"trunk": trunk, "heads": {}}, depth
+
+
+# ------------------------------------------------------------------ VISSL training checkpoints
+VISSL_RESUME_NOT_RESTORED = (
+    "optimizer state (momentum buffers), loss state (queues, centers, prototypes' state), "
+    "training position (the run starts at epoch 0 of its own schedule), RNG states, meters")
+
+
+def is_vissl_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint holds a VISSL model state (its trunk keys in ``_feature_blocks``)."""
+    try:
+        return is_vissl_model_state(model_state_of(checkpoint))
+    except CheckpointFormatError:
+        return False
+
+
+def load_vissl_model_weights(model: torch.nn.Module, checkpoint: Mapping[str, Any]) -> None:
+    """Copy a VISSL checkpoint's trunk and heads into ``model`` (a BaseSSLMultiInputOutputModel
+    of the same architecture); any missing, extra or reshaped key raises ValueError naming it."""
+    model.set_classy_state({"model": model_state_from_vissl(model_state_of(checkpoint))})
