@@ -216,3 +216,17 @@ def test_auto_resume_from_a_vissl_checkpoint_loads_its_model_weights(tmp_path, c
     with pytest.raises(CheckpointError, match=r"does not fit the model .*missing keys \(1\): "
                                               r"conv1.weight"):
         SelfSupervisionTask(cfg, torch.device("cpu")).prepare(checkpoint=checkpoint)
+
+
+def test_a_vissl_checkpoint_that_does_not_convert_is_refused_before_launch(tmp_path):
+    from ssl_engine.engines.train import check_resume_files
+    from ssl_engine.models.checkpoint_formats import CheckpointFormatError
+
+    _, cfg = load_config(["config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path}"])
+    vissl_file(tmp_path / "model_phase4.torch", {"conv1.weight": torch.zeros(1)}, {})
+    check_resume_files(cfg)  # a VISSL checkpoint is a valid start
+    torch.save({"classy_state_dict": {"base_model": {"model": {"heads": {}, "trunk": {
+        "_feature_blocks.conv1.weight": torch.zeros(1), "extra.weight": torch.zeros(1)}}}}},
+        tmp_path / "model_phase4.torch")
+    with pytest.raises(CheckpointFormatError, match=r"unexpected keys \(1\): extra.weight"):
+        check_resume_files(cfg)

@@ -36,12 +36,12 @@ def _names(keys) -> str:
 
 
 def key_mismatch_message(what: str, missing, unexpected, reshaped=()) -> str:
-    """One sentence naming the missing, unexpected and reshaped keys ('' when none)."""
+    """``what``, then the missing, unexpected and reshaped keys ('' when none)."""
     parts = [f"{title} ({len(items)}): {_names(items)}"
              for title, items in (("missing keys", list(missing)),
                                   ("unexpected keys", list(unexpected)),
                                   ("shape mismatches", list(reshaped))) if items]
-    return f"{what} does not match: " + "; ".join(parts) if parts else ""
+    return f"{what}: " + "; ".join(parts) if parts else ""
 
 
 # ------------------------------------------------------------------ key names, one at a time
@@ -98,9 +98,9 @@ def model_key_to_vissl(key: str) -> str:
 
 # ------------------------------------------------------------------ whole model states
 def is_vissl_model_state(model_state: Mapping[str, Any]) -> bool:
-    """Whether ``{trunk, heads}`` is in VISSL's names (its trunk keys in ``_feature_blocks``)."""
-    trunk = model_state.get("trunk") or {}
-    return bool(trunk) and all(is_vissl_trunk_key(key) for key in trunk)
+    """Whether ``{trunk, heads}`` is in VISSL's names: a trunk key in ``_feature_blocks`` (this
+    engine's trunks have none; model_state_from_vissl refuses any key outside it)."""
+    return any(is_vissl_trunk_key(key) for key in model_state.get("trunk") or {})
 
 
 def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
@@ -110,7 +110,7 @@ def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]
     outside = [key for key in trunk if not is_vissl_trunk_key(key)]
     if not trunk or outside:
         raise CheckpointFormatError(key_mismatch_message(
-            "the VISSL trunk (keys under _feature_blocks.)",
+            "the trunk is not in VISSL's layout (every key under _feature_blocks.)",
             [] if trunk else [f"{FEATURE_BLOCKS}*"], outside))
     return {"trunk": {trunk_key_from_vissl(k): v for k, v in trunk.items()},
             "heads": {head_key_from_vissl(k): v for k, v in (model_state.get("heads") or {}).items()}}
@@ -177,7 +177,7 @@ def check_torchvision_trunk(trunk: Mapping[str, torch.Tensor], what: str,
     depth = depth or infer_resnet_depth(trunk)
     reference = torchvision_reference(depth)
     message = key_mismatch_message(
-        f"{what} and torchvision.models.resnet{depth}",
+        f"{what} does not match torchvision.models.resnet{depth}",
         [k for k in reference if k not in trunk], [k for k in trunk if k not in reference],
         [f"{k}: {tuple(trunk[k].shape)} vs {tuple(v.shape)}" for k, v in reference.items()
          if k in trunk and tuple(trunk[k].shape) != tuple(v.shape)])
