@@ -165,8 +165,10 @@ def infer_resnet_depth(trunk: Mapping[str, Any]) -> int:
 
 
 def torchvision_reference(depth: int) -> StateDict:
-    """The keys and shapes of ``torchvision.models.resnet<depth>`` (random weights), no fc."""
-    net = getattr(torchvision.models, f"resnet{depth}")(weights=None)
+    """The keys and shapes of ``torchvision.models.resnet<depth>`` without fc (tensors on the
+    meta device: no memory, no initialisation)."""
+    with torch.device("meta"):
+        net = getattr(torchvision.models, f"resnet{depth}")(weights=None)
     return {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
 
 
