@@ -14,7 +14,8 @@ from ssl_engine.utils.logger import setup_logging
 
 def check_resume_files(cfg) -> None:
     """The file the run will start from loads: the latest checkpoint of CHECKPOINT.DIR when
-    AUTO_RESUME finds one (a checkpoint of this engine), else MODEL.WEIGHTS_INIT.PARAMS_FILE.
+    AUTO_RESUME finds one (a checkpoint of this engine, or one of VISSL whose trunk keys are
+    all in VISSL's layout), else MODEL.WEIGHTS_INIT.PARAMS_FILE.
     The tensors are mapped, not read: this costs little even for large files."""
     from ssl_engine.models.checkpoint_formats import (is_vissl_checkpoint, model_state_from_vissl,
                                                       model_state_of)
