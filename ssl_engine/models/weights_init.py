@@ -1,9 +1,15 @@
-"""MODEL.WEIGHTS_INIT: start a model from a checkpoint of this engine or a plain state dict.
+"""MODEL.WEIGHTS_INIT: start a model from a checkpoint of this engine or VISSL, or a plain
+state dict.
 
-Keys of the file are mapped (REMOVE_PREFIX, then APPEND_PREFIX) onto the model's
-``state_dict()`` keys ("trunk.<k>", "heads.<k>"); keys containing a SKIP_LAYERS string are not
-loaded.  Model keys the file lacks keep their initial values (e.g. the linear-evaluation heads
-of a pretraining checkpoint) and are reported, as are file keys the model lacks.
+A checkpoint's model state (``classy_state_dict -> base_model -> model -> {trunk, heads}``, of
+this engine or of VISSL) maps onto the model's ``state_dict()`` keys ("trunk.<k>", "heads.<k>")
+by itself: as in VISSL, REMOVE_PREFIX and APPEND_PREFIX are not applied to it.  The keys of a
+plain state dict are mapped by REMOVE_PREFIX, then APPEND_PREFIX.  Either way VISSL's names
+(``trunk._feature_blocks.<k>``, ``trunk.base_model._feature_blocks.<k>``, an eval_mlp's
+``clf.clf.``) are then read as this engine's (checkpoint_formats).  Keys containing a
+SKIP_LAYERS string, in this engine's or VISSL's spelling, are not loaded.  Model keys the file
+lacks keep their initial values (e.g. the linear-evaluation heads of a pretraining checkpoint)
+and are reported, as are file keys the model lacks.
 """
 import logging
 from dataclasses import dataclass, field
@@ -13,6 +19,7 @@ from typing import Any, Dict, List, Mapping
 import torch
 from torch import nn
 
+from ssl_engine.models.checkpoint_formats import model_key_from_vissl, model_key_to_vissl
 from ssl_engine.utils.checkpoint import load_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -50,17 +57,28 @@ def _is_tensor_dict(obj: Any) -> bool:
     return isinstance(obj, Mapping) and all(torch.is_tensor(v) for v in obj.values())
 
 
-def flatten_engine_state(state: Mapping[str, Any], path: Any = "the file",
-                         key_name: str = "") -> Dict[str, torch.Tensor]:
-    """A state dict of tensors from either a plain state dict or this engine's model state
-    (``{base_model: {model: {trunk, heads}}}`` or any part of it) as "trunk.<k>"/"heads.<k>".
-    ``path`` and ``key_name`` (the STATE_DICT_KEY_NAME used) only word the error."""
+def _unnest(state: Any) -> Any:
     for key in ("base_model", "model"):
         if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
             state = state[key]
-    if isinstance(state, Mapping) and {"trunk", "heads"} <= set(state) and all(
-        _is_tensor_dict(state[part]) for part in ("trunk", "heads")
-    ):
+    return state
+
+
+def is_model_state(state: Any) -> bool:
+    """Whether ``state`` is (or holds under base_model/model) a ``{trunk, heads}`` model state."""
+    state = _unnest(state)
+    return isinstance(state, Mapping) and {"trunk", "heads"} <= set(state) and all(
+        _is_tensor_dict(state[part]) for part in ("trunk", "heads"))
+
+
+def flatten_engine_state(state: Mapping[str, Any], path: Any = "the file",
+                         key_name: str = "") -> Dict[str, torch.Tensor]:
+    """A state dict of tensors from either a plain state dict or a model state of this engine
+    or VISSL (``{base_model: {model: {trunk, heads}}}`` or any part of it) as
+    "trunk.<k>"/"heads.<k>". ``path`` and ``key_name`` (the STATE_DICT_KEY_NAME used) only word
+    the error."""
+    if is_model_state(state):
+        state = _unnest(state)
         return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in state[part].items()}
     if not _is_tensor_dict(state):
         if isinstance(state, Mapping):
@@ -77,8 +95,9 @@ def flatten_engine_state(state: Mapping[str, Any], path: Any = "the file",
 
 
 def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False) -> Dict[str, torch.Tensor]:
-    """The file's state dict, with its keys mapped by REMOVE_PREFIX then APPEND_PREFIX.
-    ``mmap=True`` maps the tensors instead of reading them (for checks)."""
+    """The file's state dict in the model's key names: a model state's keys as they are, a
+    plain state dict's mapped by REMOVE_PREFIX then APPEND_PREFIX; VISSL's names then read as
+    this engine's. ``mmap=True`` maps the tensors instead of reading them (for checks)."""
     path = Path(str(weights_cfg.get("PARAMS_FILE")))
     if not path.is_file():
         raise FileNotFoundError(f"{WHERE}.PARAMS_FILE {path} does not exist")
@@ -92,11 +111,16 @@ def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False) -> Dict[str, 
                     WHERE, path, key_name)
     state = flatten_engine_state(contents, path, used_key)
     remove, append = weights_cfg.get("REMOVE_PREFIX") or "", weights_cfg.get("APPEND_PREFIX") or ""
+    if is_model_state(contents):
+        if remove or append:
+            logger.info("%s: %s holds a model state (trunk and heads): REMOVE_PREFIX and "
+                        "APPEND_PREFIX are not applied to it", WHERE, path)
+        remove = append = ""
     mapped = {}
     for key, value in state.items():
         if remove and key.startswith(remove):
             key = key[len(remove):]
-        mapped[append + key] = value
+        mapped[model_key_from_vissl(append + key)] = value
     return mapped
 
 
@@ -126,7 +150,7 @@ def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> Weigh
     report = WeightsInitReport(str(weights_cfg.get("PARAMS_FILE")))
     report.missing = [key for key in targets if key not in state]
     for key in state:
-        if any(pattern in key for pattern in skip_layers):
+        if any(pattern in key or pattern in model_key_to_vissl(key) for pattern in skip_layers):
             report.skipped.append(key)
         elif key in targets:
             report.loaded.append(key)

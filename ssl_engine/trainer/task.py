@@ -6,12 +6,15 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions
+from ssl_engine.models.checkpoint_formats import (VISSL_RESUME_NOT_RESTORED, is_vissl_checkpoint,
+                                                  load_vissl_model_weights)
 from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_loss
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
 from ssl_engine.trainer.phases import build_phases
 from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
+from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.classy import ClassyTask, register_task
 from ssl_engine.utils.distributed import get_rank, get_world_size
 
@@ -88,7 +91,10 @@ class SelfSupervisionTask(ClassyTask):
         if cfg.TEST_MODEL:
             self.datasets["TEST"] = build_dataset(cfg, "TEST")
         self.base_model = convert_sync_bn(build_model(cfg.MODEL), cfg).to(self.device)
-        if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and checkpoint is None:  # a resume checkpoint wins
+        if checkpoint is not None and is_vissl_checkpoint(checkpoint):
+            self._start_from_vissl_checkpoint(checkpoint)  # weights only: before any wrapping
+            checkpoint = None
+        elif cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and checkpoint is None:  # a resume checkpoint wins
             from ssl_engine.models.weights_init import load_weights_init
 
             load_weights_init(self.base_model, cfg.MODEL.WEIGHTS_INIT)
@@ -114,6 +120,17 @@ class SelfSupervisionTask(ClassyTask):
         # updates per epoch: a last, shorter group of micro-batches still makes an update
         self.num_train_iters_per_epoch = -(-batches // self.accumulation_steps)
         self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
+
+    def _start_from_vissl_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        """A VISSL training checkpoint found when resuming: its model weights (trunk and
+        heads, strictly) are loaded; nothing else of it can be carried over."""
+        try:
+            load_vissl_model_weights(self.base_model, checkpoint)
+        except ValueError as err:
+            raise CheckpointError(f"the VISSL checkpoint to resume from does not fit the model "
+                                  f"of this config: {err}") from None
+        logger.warning("resuming from a VISSL checkpoint: its model weights (trunk and heads) "
+                       "are loaded; not restored: %s", VISSL_RESUME_NOT_RESTORED)
 
     def channels_last_weights(self) -> bool:
         """Whether MODEL.CHANNELS_LAST converts the weights too, or only the inputs (whose

@@ -1,0 +1,223 @@
+"""Model weights in other layouts: VISSL's checkpoints and torchvision's ResNet state dicts.
+
+This engine's model state is ``{"trunk": {...}, "heads": {...}}`` with the ResNet trunk's keys
+named as in torchvision (``conv1.weight``, ``layer1.0.conv1.weight``; no ``fc``).
+
+VISSL keeps the same ``classy_state_dict -> base_model -> model -> {trunk, heads}`` nesting,
+but its ResNet trunk holds its layers in ``_feature_blocks`` (``_feature_blocks.conv1.weight``),
+under ``base_model._feature_blocks.`` when the trunk was wrapped for feature evaluation, and
+its ``eval_mlp`` head keeps its linear layers in ``clf.clf.`` where ours has ``mlp.clf.``.
+Every other head key (mlp, swav_head, dino_head) is spelt alike.
+
+Conversions here are exact (tensors are shared, not changed) and refuse, with one message that
+names the missing and unexpected keys, a state that does not fit the layout asked for.
+"""
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import torch
+import torchvision
+
+FEATURE_BLOCKS = "_feature_blocks."
+FEATURE_EXTRACTOR = "base_model."
+VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
+MAX_NAMED = 10
+
+StateDict = Dict[str, torch.Tensor]
+
+
+class CheckpointFormatError(ValueError):
+    """A file's keys do not fit the layout it is converted from or to."""
+
+
+def _names(keys) -> str:
+    keys = list(keys)
+    more = f", ... ({len(keys) - MAX_NAMED} more)" if len(keys) > MAX_NAMED else ""
+    return ", ".join(keys[:MAX_NAMED]) + more
+
+
+def key_mismatch_message(what: str, missing, unexpected, reshaped=()) -> str:
+    """``what``, then the missing, unexpected and reshaped keys ('' when none)."""
+    parts = [f"{title} ({len(items)}): {_names(items)}"
+             for title, items in (("missing keys", list(missing)),
+                                  ("unexpected keys", list(unexpected)),
+                                  ("shape mismatches", list(reshaped))) if items]
+    return f"{what}: " + "; ".join(parts) if parts else ""
+
+
+# ------------------------------------------------------------------ key names, one at a time
+def is_vissl_trunk_key(key: str) -> bool:
+    return key.startswith(FEATURE_BLOCKS) or key.startswith(FEATURE_EXTRACTOR + FEATURE_BLOCKS)
+
+
+def trunk_key_from_vissl(key: str) -> str:
+    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``; others unchanged."""
+    if key.startswith(FEATURE_EXTRACTOR + FEATURE_BLOCKS):
+        key = key[len(FEATURE_EXTRACTOR):]
+    return key[len(FEATURE_BLOCKS):] if key.startswith(FEATURE_BLOCKS) else key
+
+
+def trunk_key_to_vissl(key: str) -> str:
+    return FEATURE_BLOCKS + key
+
+
+def head_key_from_vissl(key: str) -> str:
+    """``0.clf.clf.0.weight`` (VISSL's eval_mlp) -> ``0.mlp.clf.0.weight``; others unchanged."""
+    index, _, rest = key.partition(".")
+    if rest.startswith(VISSL_EVAL_MLP):
+        return f"{index}.{OUR_EVAL_MLP}{rest[len(VISSL_EVAL_MLP):]}"
+    return key
+
+
+def head_key_to_vissl(key: str) -> str:
+    index, _, rest = key.partition(".")
+    if rest.startswith(OUR_EVAL_MLP):
+        return f"{index}.{VISSL_EVAL_MLP}{rest[len(OUR_EVAL_MLP):]}"
+    return key
+
+
+def model_key_from_vissl(key: str) -> str:
+    """A model-level key (``trunk.<k>`` / ``heads.<k>``, e.g. after VISSL's APPEND_PREFIX
+    ``trunk._feature_blocks.`` or ``trunk.base_model._feature_blocks.``) in this engine's
+    names; keys of neither part are returned unchanged."""
+    part, _, rest = key.partition(".")
+    if part == "trunk":
+        return f"trunk.{trunk_key_from_vissl(rest)}"
+    if part == "heads":
+        return f"heads.{head_key_from_vissl(rest)}"
+    return key
+
+
+def model_key_to_vissl(key: str) -> str:
+    part, _, rest = key.partition(".")
+    if part == "trunk":
+        return f"trunk.{trunk_key_to_vissl(rest)}"
+    if part == "heads":
+        return f"heads.{head_key_to_vissl(rest)}"
+    return key
+
+
+# ------------------------------------------------------------------ whole model states
+def is_vissl_model_state(model_state: Mapping[str, Any]) -> bool:
+    """Whether ``{trunk, heads}`` is in VISSL's names: a trunk key in ``_feature_blocks`` (this
+    engine's trunks have none; model_state_from_vissl refuses any key outside it)."""
+    return any(is_vissl_trunk_key(key) for key in model_state.get("trunk") or {})
+
+
+def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
+    """VISSL's ``{trunk, heads}`` in this engine's names. Refuses a trunk with keys outside
+    ``_feature_blocks`` (not a VISSL ResNet-style trunk), naming them."""
+    trunk = dict(model_state.get("trunk") or {})
+    outside = [key for key in trunk if not is_vissl_trunk_key(key)]
+    if not trunk or outside:
+        raise CheckpointFormatError(key_mismatch_message(
+            "the trunk is not in VISSL's layout (every key under _feature_blocks.)",
+            [] if trunk else [f"{FEATURE_BLOCKS}*"], outside))
+    return {"trunk": {trunk_key_from_vissl(k): v for k, v in trunk.items()},
+            "heads": {head_key_from_vissl(k): v for k, v in (model_state.get("heads") or {}).items()}}
+
+
+def model_state_to_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
+    return {"trunk": {trunk_key_to_vissl(k): v for k, v in model_state["trunk"].items()},
+            "heads": {head_key_to_vissl(k): v for k, v in model_state["heads"].items()}}
+
+
+def model_state_of(checkpoint: Mapping[str, Any], what: str = "the file") -> Mapping[str, Any]:
+    """``classy_state_dict -> base_model -> model`` of a checkpoint of this engine or VISSL."""
+    try:
+        state = checkpoint["classy_state_dict"]["base_model"]["model"]
+        if isinstance(state, Mapping) and {"trunk", "heads"} <= set(state):
+            return state
+    except (KeyError, TypeError):
+        pass
+    raise CheckpointFormatError(
+        f"{what} is no checkpoint of this engine or VISSL: expected classy_state_dict -> "
+        f"base_model -> model -> {{trunk, heads}}; its top-level keys: {_names(checkpoint)}")
+
+
+def engine_checkpoint(model_state: Mapping[str, Any], **extra: Any) -> dict:
+    """A file this engine loads as MODEL.WEIGHTS_INIT.PARAMS_FILE (model weights only)."""
+    return {**extra, "classy_state_dict": {"base_model": {"model": {
+        "trunk": dict(model_state["trunk"]), "heads": dict(model_state["heads"])}}}}
+
+
+def vissl_checkpoint(model_state: Mapping[str, Any], **extra: Any) -> dict:
+    """A consolidated VISSL checkpoint of ``model_state`` (this engine's names)."""
+    return {"type": "consolidated", **extra,
+            "classy_state_dict": {"base_model": {"model": model_state_to_vissl(model_state)}}}
+
+
+# ------------------------------------------------------------------ torchvision ResNets
+def infer_resnet_depth(trunk: Mapping[str, Any]) -> int:
+    """18/34/50/101/152 from the number of blocks per stage and the block type."""
+    blocks = []
+    for stage in range(1, 5):
+        prefix = f"layer{stage}."
+        blocks.append(len({key.split(".")[1] for key in trunk if key.startswith(prefix)}))
+    bottleneck = any(key.endswith("conv3.weight") for key in trunk)
+    depths = {((2, 2, 2, 2), False): 18, ((3, 4, 6, 3), False): 34, ((3, 4, 6, 3), True): 50,
+              ((3, 4, 23, 3), True): 101, ((3, 8, 36, 3), True): 152}
+    depth = depths.get((tuple(blocks), bottleneck))
+    if depth is None:
+        raise CheckpointFormatError(
+            f"the trunk is no torchvision ResNet: blocks per stage {blocks} "
+            f"({'bottleneck' if bottleneck else 'basic'} blocks); its keys: {_names(trunk)}")
+    return depth
+
+
+def torchvision_reference(depth: int) -> StateDict:
+    """The keys and shapes of ``torchvision.models.resnet<depth>`` without fc (tensors on the
+    meta device: no memory, no initialisation)."""
+    with torch.device("meta"):
+        net = getattr(torchvision.models, f"resnet{depth}")(weights=None)
+    return {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
+
+
+def check_torchvision_trunk(trunk: Mapping[str, torch.Tensor], what: str,
+                            depth: Optional[int] = None) -> int:
+    """Refuse ``trunk`` unless its keys and shapes are those of a torchvision ResNet (fc
+    aside); return the depth."""
+    depth = depth or infer_resnet_depth(trunk)
+    reference = torchvision_reference(depth)
+    message = key_mismatch_message(
+        f"{what} does not match torchvision.models.resnet{depth}",
+        [k for k in reference if k not in trunk], [k for k in trunk if k not in reference],
+        [f"{k}: {tuple(trunk[k].shape)} vs {tuple(v.shape)}" for k, v in reference.items()
+         if k in trunk and tuple(trunk[k].shape) != tuple(v.shape)])
+    if message:
+        raise CheckpointFormatError(message)
+    return depth
+
+
+def trunk_to_torchvision(model_state: Mapping[str, Any]) -> Tuple[StateDict, int]:
+    """The trunk as a ``torchvision.models.resnet<depth>`` state dict without ``fc.*`` (load it
+    after ``net.fc = torch.nn.Identity()``, or with ``strict=False``); and the depth."""
+    trunk = dict(model_state["trunk"])
+    return trunk, check_torchvision_trunk(trunk, "the trunk")
+
+
+def model_state_from_torchvision(state: Mapping[str, torch.Tensor]) -> Tuple[dict, int]:
+    """A torchvision ResNet state dict as this engine's model state (its ``fc.*`` left out:
+    no head); and the depth."""
+    trunk = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    depth = check_torchvision_trunk(trunk, "the torchvision state dict")
+    return {"trunk": trunk, "heads": {}}, depth
+
+
+# ------------------------------------------------------------------ VISSL training checkpoints
+VISSL_RESUME_NOT_RESTORED = (
+    "optimizer state (momentum buffers), loss state (queues, centers, prototypes' state), "
+    "training position (the run starts at epoch 0 of its own schedule), RNG states, meters")
+
+
+def is_vissl_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint holds a VISSL model state (its trunk keys in ``_feature_blocks``)."""
+    try:
+        return is_vissl_model_state(model_state_of(checkpoint))
+    except CheckpointFormatError:
+        return False
+
+
+def load_vissl_model_weights(model: torch.nn.Module, checkpoint: Mapping[str, Any]) -> None:
+    """Copy a VISSL checkpoint's trunk and heads into ``model`` (a BaseSSLMultiInputOutputModel
+    of the same architecture); any missing, extra or reshaped key raises ValueError naming it."""
+    model.set_classy_state({"model": model_state_from_vissl(model_state_of(checkpoint))})
