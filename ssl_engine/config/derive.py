@@ -128,6 +128,10 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations."""
     _check_choices(cfg)
     _derive_device_and_backend(cfg)
+    from ssl_engine.data.catalog import resolve_dataset_names
+
+    for split in ("TRAIN", "TEST"):  # DATASET_NAMES -> paths, before the phases are checked
+        resolve_dataset_names(cfg, split)
     _check_phases(cfg)
     _derive_loss_settings(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))

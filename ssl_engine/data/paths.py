@@ -2,6 +2,7 @@
 import os
 
 from ssl_engine.data.datasources.disk_filelist import label_path
+from ssl_engine.data.datasources.torchvision_dataset import dataset_name
 from ssl_engine.data.registry import DATASOURCE_REGISTRY
 from ssl_engine.utils.registry import UnknownNameError
 
@@ -47,9 +48,30 @@ def _require_exists(path: str, key: str) -> None:
         raise FileNotFoundError(f"{key}: {path or '(empty)'} does not exist")
 
 
+def check_split_settings(cfg, split: str) -> None:
+    """Refuse impossible DATA_LIMIT, DATA_LIMIT_SAMPLING and MAX_INVALID_IMAGES values."""
+    data = cfg.DATA[split]
+    key = f"config.DATA.{split}"
+    if data.DATA_LIMIT == 0 or data.DATA_LIMIT < -1:
+        raise ValueError(f"{key}.DATA_LIMIT must be -1 (all samples) or at least 1, got "
+                         f"{data.DATA_LIMIT}")
+    if data.DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES < 0:
+        raise ValueError(f"{key}.DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES must be >= 0, got "
+                         f"{data.DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES}")
+    if data.MAX_INVALID_IMAGES < -1:
+        raise ValueError(f"{key}.MAX_INVALID_IMAGES must be -1 (no limit) or >= 0, got "
+                         f"{data.MAX_INVALID_IMAGES}")
+    if (data.DATA_LIMIT > 0 and data.DATA_LIMIT_SAMPLING.IS_BALANCED
+            and list(data.DATA_SOURCES) == ["disk_filelist"] and not label_path(cfg, split, 0)):
+        raise ValueError(f"{key}.DATA_LIMIT_SAMPLING.IS_BALANCED=true needs the labels of the "
+                         f"disk_filelist source: set {key}.LABEL_PATHS")
+
+
 def check_data_paths(cfg, split: str) -> None:
-    """Refuse unknown source names, mismatched list lengths and missing files of ``split``."""
+    """Refuse unknown source names, mismatched list lengths, missing files and impossible
+    settings of ``split``."""
     classes = source_classes(cfg, split)
+    check_split_settings(cfg, split)
     label_sources = list(cfg.DATA[split].LABEL_SOURCES)
     if label_sources and label_sources != list(cfg.DATA[split].DATA_SOURCES):
         raise ValueError(
@@ -61,6 +83,8 @@ def check_data_paths(cfg, split: str) -> None:
     for index, (cls, path) in enumerate(zip(classes, paths)):
         if cls.needs_path:
             _require_exists(path, f"config.DATA.{split}.DATA_PATHS[{index}]")
+        if cfg.DATA[split].DATA_SOURCES[index] == "torchvision_dataset":
+            dataset_name(cfg, split, index)
         labels = label_path(cfg, split, index)
         if labels:
             _require_exists(labels, f"config.DATA.{split}.LABEL_PATHS[{index}]")

@@ -1,13 +1,21 @@
-"""The dataset of one split: a data source, label rule, limit and the seeded transform chain."""
+"""The dataset of one split: a data source, label rule, limited subset, unreadable-image policy
+and the seeded transform chain."""
+import copy
 import logging
+import multiprocessing
+import os
 from typing import Any, Dict
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import to_tensor
 
+from ssl_engine.data.datasources.image_io import ImageLoadError
+from ssl_engine.data.local_copy import local_split_paths
 from ssl_engine.data.paths import check_data_paths, source_classes, source_paths
 from ssl_engine.data.seeding import sample_seed, seeded_rngs
+from ssl_engine.data.subset import limited_indices
 from ssl_engine.data.transforms import build_transforms
 
 logger = logging.getLogger(__name__)
@@ -23,6 +31,12 @@ class GenericSSLDataset(Dataset):
     the transforms run with the global generators seeded from those three and restored after,
     so results do not depend on workers, processes or the caller's random state. Views that are
     still PIL images after the transforms are converted with ``to_tensor`` (floats in [0, 1]).
+
+    With DATA_LIMIT, position i reads source sample ``subset[i]`` (see ssl_engine.data.subset).
+    An image that cannot be read raises ImageLoadError, unless ENABLE_QUEUE_DATASET is set: then
+    the next readable sample (i+1, i+2, ...) is returned in its place with "data_valid": False,
+    until more than MAX_INVALID_IMAGES distinct files of this split have failed in this process
+    (its loader workers count together).
     """
 
     def __init__(self, cfg, split: str):
@@ -34,17 +48,22 @@ class GenericSSLDataset(Dataset):
                 f"got '{split_cfg.LABEL_TYPE}'"
             )
         classes = source_classes(cfg, split)
+        cfg = _with_local_copies(cfg, split)
         path = source_paths(cfg, split, classes)[0]
         self.split = split
         self.source = classes[0](cfg, split, path, 0)
         self.label_type = split_cfg.LABEL_TYPE
-        limit = int(split_cfg.DATA_LIMIT)
-        self.length = min(len(self.source), limit) if limit > 0 else len(self.source)
+        self.subset = limited_indices(self.source, split_cfg, split)
+        self.length = len(self.source) if self.subset is None else len(self.subset)
         self.transform = build_transforms(
             split_cfg.TRANSFORMS, key=f"config.DATA.{split}.TRANSFORMS"
         )
         self.seed_value = int(cfg.SEED_VALUE)
         self.epoch = 0
+        self.substitute = bool(split_cfg.ENABLE_QUEUE_DATASET)
+        self.max_invalid = int(split_cfg.MAX_INVALID_IMAGES)
+        # one flag per source sample, shared with the loader workers: files found unreadable
+        self.invalid = multiprocessing.RawArray("b", len(self.source)) if self.substitute else None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -52,24 +71,73 @@ class GenericSSLDataset(Dataset):
     def __len__(self) -> int:
         return self.length
 
+    def invalid_count(self) -> int:
+        """Distinct unreadable files met so far by this process and its loader workers."""
+        return 0 if self.invalid is None else int(np.frombuffer(self.invalid, np.int8).sum())
+
+    def _read(self, position: int):
+        source_index = position if self.subset is None else int(self.subset[position])
+        image, label = self.source[source_index]
+        if self.label_type == "sample_index":
+            label = position
+        elif self.label_type == "zero":
+            label = 0
+        return image, label
+
+    def _on_unreadable(self, position: int, err: ImageLoadError) -> None:
+        """Count and log the failure; raise unless a substitute may be used."""
+        key = f"config.DATA.{self.split}"
+        if not self.substitute:
+            logger.error("unreadable image in %s: %s", key, err)
+            raise ImageLoadError(
+                f"{err} (set {key}.ENABLE_QUEUE_DATASET=true to replace up to "
+                f"{key}.MAX_INVALID_IMAGES unreadable images by other samples)") from err
+        source_index = position if self.subset is None else int(self.subset[position])
+        self.invalid[source_index] = 1
+        count = self.invalid_count()
+        if 0 <= self.max_invalid < count:
+            raise ImageLoadError(
+                f"{count} unreadable images in {key}, more than {key}.MAX_INVALID_IMAGES="
+                f"{self.max_invalid} (pid {os.getpid()}); the last: {err}") from err
+        logger.warning("unreadable image %d (at most %s) in %s, replaced by another sample: %s",
+                       count, self.max_invalid if self.max_invalid >= 0 else "unlimited", key, err)
+
     def __getitem__(self, key) -> Dict[str, Any]:
         """``key``: an index (augmented for the epoch of ``set_epoch``), or ``(epoch, index)``
         from a sampler that passes the epoch along."""
         epoch, idx = key if isinstance(key, tuple) else (self.epoch, key)
         if not 0 <= idx < self.length:
             raise IndexError(f"index {idx} out of range for a dataset of {self.length} samples")
-        image, label = self.source[idx]
-        if self.label_type == "sample_index":
-            label = idx
-        elif self.label_type == "zero":
-            label = 0
-        with seeded_rngs(sample_seed(self.seed_value, epoch, idx)):
+        position, valid = idx, True
+        for _ in range(self.length):
+            try:
+                image, label = self._read(position)
+                break
+            except ImageLoadError as err:
+                self._on_unreadable(position, err)
+                position, valid = (position + 1) % self.length, False
+        else:
+            raise ImageLoadError(f"no readable image in config.DATA.{self.split}")
+        with seeded_rngs(sample_seed(self.seed_value, epoch, position)):
             views, view_labels = self.transform.apply(image)
         views = views if isinstance(views, list) else [views]
         views = [view if isinstance(view, torch.Tensor) else to_tensor(view) for view in views]
         view_labels = view_labels or [None] * len(views)  # set by e.g. ImgRotatePil
         labels = [int(label) if own is None else int(own) for own in view_labels]
-        return {"data": views, "label": labels, "data_idx": idx, "data_valid": True}
+        return {"data": views, "label": labels, "data_idx": position, "data_valid": valid}
+
+
+def _with_local_copies(cfg, split: str):
+    """``cfg``, or a copy whose split reads the local copies (COPY_TO_LOCAL_DISK)."""
+    split_cfg = cfg.DATA[split]
+    if not split_cfg.COPY_TO_LOCAL_DISK:
+        return cfg
+    data_paths, label_paths = local_split_paths(split_cfg, int(os.environ.get("LOCAL_RANK", 0)))
+    local = copy.deepcopy(cfg)
+    local.DATA[split].DATA_PATHS = data_paths
+    local.DATA[split].LABEL_PATHS = label_paths
+    logger.info("%s data read from local copies: %s", split.lower(), data_paths + label_paths)
+    return local
 
 
 def build_dataset(cfg, split: str) -> GenericSSLDataset:

@@ -52,7 +52,7 @@ def extraction_signature(cfg, split: str) -> Dict[str, object]:
         weights_id = {"path": str(Path(weights).resolve()), "size": stat.st_size,
                       "mtime_ns": stat.st_mtime_ns}
     data_keys = ("DATA_SOURCES", "DATA_PATHS", "LABEL_PATHS", "LABEL_TYPE", "TRANSFORMS",
-                 "DATA_LIMIT", "SYNTHETIC")
+                 "DATA_LIMIT", "DATA_LIMIT_SAMPLING", "DATASET_NAMES", "SYNTHETIC")
     return json.loads(json.dumps({
         "model": cfg.MODEL.to_dict(),
         "weights": weights_id,

@@ -41,6 +41,9 @@ class DigitsSource:
     def __len__(self) -> int:
         return len(self.indices)
 
+    def labels(self):
+        return self.targets[self.indices]
+
     def __getitem__(self, index: int):
         original = self.indices[index]
         grey = self.images[original]

@@ -21,5 +21,8 @@ class DiskFolderSource:
     def __len__(self) -> int:
         return len(self.folder)
 
+    def labels(self):
+        return self.folder.targets
+
     def __getitem__(self, index: int):
         return self.folder[index]

@@ -24,6 +24,9 @@ class SyntheticImageSource:
     def __len__(self) -> int:
         return self.num_samples
 
+    def labels(self):
+        return [index % self.num_classes for index in range(self.num_samples)]
+
     def __getitem__(self, index: int):
         rng = np.random.default_rng([self.stream, index])
         pixels = rng.integers(0, 256, size=(self.image_size, self.image_size, 3), dtype=np.uint8)
