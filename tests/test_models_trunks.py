@@ -179,8 +179,8 @@ def test_resnext_width_multiplier_and_layer4_stride():
     assert trunk.layer1[0].conv2.out_channels == int(16 * 8 / 64) * 4
     assert trunk.layer4[0].conv2.groups == 4
     with torch.no_grad():
-        res4, res5 = trunk(images(), ["res4", "res5"])
-    assert tuple(res4.shape) == (2, 256, 8, 8) and tuple(res5.shape) == (2, 512, 8, 8)
+        res4, res5 = trunk(images(size=16), ["res4", "res5"])
+    assert tuple(res4.shape) == (2, 256, 4, 4) and tuple(res5.shape) == (2, 512, 4, 4)
 
 
 def test_resnet152_has_torchvision_parameter_count():
