@@ -1,5 +1,5 @@
 """MODEL.ACTIVATION_CHECKPOINTING: the same gradients and batch-norm statistics as without,
-fewer tensors kept for the backward pass (ResNet and ViT), and nothing changes outside
+fewer tensors kept for the backward pass (ResNet, RegNet and ViT), and nothing changes outside
 training."""
 import copy
 from pathlib import Path
@@ -20,6 +20,9 @@ VIT = {"TRUNK.NAME": "vision_transformer", "TRUNK.VISION_TRANSFORMERS.IMAGE_SIZE
        "TRUNK.VISION_TRANSFORMERS.PATCH_SIZE": 4, "TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM": 32,
        "TRUNK.VISION_TRANSFORMERS.NUM_LAYERS": 4, "TRUNK.VISION_TRANSFORMERS.NUM_HEADS": 2,
        "TRUNK.VISION_TRANSFORMERS.MLP_DIM": 64, "TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE": 0.1}
+REGNET = {"TRUNK.NAME": "regnet", "TRUNK.REGNET.depth": 6, "TRUNK.REGNET.w_0": 8,
+          "TRUNK.REGNET.w_a": 8.0, "TRUNK.REGNET.w_m": 2.0, "TRUNK.REGNET.group_width": 8,
+          "TRUNK.REGNET.stem_width": 8}
 
 
 def model_pair(settings, splits):
@@ -53,8 +56,8 @@ def saved_for_backward(model, x):
     return loss, count[0]
 
 
-@pytest.mark.parametrize("settings, splits", [(RESNET, 2), (RESNET, 1), (VIT, 2)],
-                         ids=["resnet-2", "resnet-1", "vit"])
+@pytest.mark.parametrize("settings, splits", [(RESNET, 2), (RESNET, 1), (VIT, 2), (REGNET, 2)],
+                         ids=["resnet-2", "resnet-1", "vit", "regnet"])
 def test_same_gradients_and_statistics_with_fewer_saved_tensors(settings, splits):
     plain, checkpointed = model_pair(settings, splits)
     x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))

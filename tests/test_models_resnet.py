@@ -113,7 +113,7 @@ def test_small_image_stem_is_3x3_stride_1_without_maxpool():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        ({"DEPTH": 152}, r"DEPTH must be one of \[18, 34, 50, 101\], got 152"),
+        ({"DEPTH": 77}, r"DEPTH must be one of \[18, 34, 50, 101, 152, 200\], got 77"),
         ({"NORM": "LayerNorm"}, "NORM must be BatchNorm or GroupNorm, got 'LayerNorm'"),
         ({"WIDTH_MULTIPLIER": 0}, "WIDTH_MULTIPLIER must be > 0"),
     ],

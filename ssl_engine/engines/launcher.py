@@ -85,14 +85,16 @@ def holds_run_lock(cfg: AttrDict) -> bool:
 
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     """Everything that can be refused before a process starts: the names of the engine,
-    task and train step, another live run in CHECKPOINT.DIR, then the engine's own checks
-    (data paths, output folders, the files it will load)."""
+    task and train step, the trunk and its settings, another live run in CHECKPOINT.DIR, then
+    the engine's own checks (data paths, output folders, the files it will load)."""
+    from ssl_engine.models.trunks import check_trunk_config
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
 
     engine = get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
+    check_trunk_config(cfg.MODEL)
     task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
     check_task = getattr(task_class, "check_config", None)  # a task's own refusals
     if check_task is not None:

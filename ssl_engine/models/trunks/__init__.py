@@ -1,4 +1,19 @@
-"""Trunks: the backbone networks, each registered by name with ``register_model_trunk``."""
+"""Trunks: the backbone networks, each registered by name with ``register_model_trunk``.
+
+A trunk class may define ``check_config(model_cfg)``: the launcher calls it before any process
+starts, so that a bad MODEL.TRUNK setting is refused with its key's name.
+"""
+from ssl_engine.models.registry import MODEL_TRUNKS
+from ssl_engine.models.trunks.efficientnet import EfficientNetTrunk  # noqa: F401  ("efficientnet")
+from ssl_engine.models.trunks.regnet import RegNetTrunk  # noqa: F401  (registers "regnet")
 from ssl_engine.models.trunks.resnet import ResNetTrunk  # noqa: F401  (registers "resnet")
 # registers "vision_transformer"
 from ssl_engine.models.trunks.vision_transformer import VisionTransformerTrunk  # noqa: F401
+
+
+def check_trunk_config(model_cfg) -> None:
+    """The trunk MODEL.TRUNK.NAME exists and accepts its settings (without building it)."""
+    trunk_class = MODEL_TRUNKS.get(model_cfg.TRUNK.NAME)
+    check = getattr(trunk_class, "check_config", None)
+    if check is not None:
+        check(model_cfg)

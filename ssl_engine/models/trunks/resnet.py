@@ -1,8 +1,10 @@
-"""ResNet-18/34/50/101 trunk built from torchvision's residual blocks.
+"""ResNet / ResNeXt trunk (depth 18, 34, 50, 101, 152, 200) built from torchvision's blocks.
 
 Submodule names match torchvision's ResNet (conv1, bn1, layer1..layer4), so at width 1.0 a
-torchvision state dict without ``fc.*`` loads as is.  Every stage's channels scale with
-MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER.
+torchvision state dict without ``fc.*`` loads as is (resnext50_32x4d's too, with GROUPS 32
+and WIDTH_PER_GROUP 4).  Every stage's channels scale with MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER;
+the 3x3 convolutions of the bottleneck blocks have GROUPS groups of
+WIDTH_PER_GROUP x WIDTH_MULTIPLIER channels each (stage planes x WIDTH_PER_GROUP / 64 x GROUPS).
 """
 from typing import Callable, List
 
@@ -20,7 +22,10 @@ RESNET_DEPTHS = {
     34: (BasicBlock, (3, 4, 6, 3)),
     50: (Bottleneck, (3, 4, 6, 3)),
     101: (Bottleneck, (3, 4, 23, 3)),
+    152: (Bottleneck, (3, 8, 36, 3)),
+    200: (Bottleneck, (3, 24, 36, 3)),
 }
+CONFIG = "config.MODEL.TRUNK.RESNETS"
 STEM_CHANNELS = 64
 STAGE_PLANES = (64, 128, 256, 512)
 
@@ -47,25 +52,51 @@ def make_norm_layer(norm: str, groups: int) -> Callable[[int], nn.Module]:
     raise ValueError(f"MODEL.TRUNK.RESNETS.NORM must be BatchNorm or GroupNorm, got '{norm}'")
 
 
+def check_resnet_config(cfg) -> None:
+    """Refuse invalid or unsupported MODEL.TRUNK.RESNETS values (messages name the key)."""
+    depth = int(cfg.DEPTH)
+    if depth not in RESNET_DEPTHS:
+        raise ValueError(f"{CONFIG}.DEPTH must be one of {sorted(RESNET_DEPTHS)}, got {depth}")
+    width = float(cfg.WIDTH_MULTIPLIER)
+    if width <= 0:
+        raise ValueError(f"{CONFIG}.WIDTH_MULTIPLIER must be > 0, got {width}")
+    make_norm_layer(cfg.NORM, int(cfg.GROUPNORM_GROUPS))
+    groups, per_group = int(cfg.get("GROUPS", 1)), int(cfg.get("WIDTH_PER_GROUP", 64))
+    if groups < 1 or per_group < 1:
+        raise ValueError(f"{CONFIG}.GROUPS={groups} and WIDTH_PER_GROUP={per_group} must be at "
+                         "least 1")
+    if RESNET_DEPTHS[depth][0] is BasicBlock and (groups, per_group) != (1, 64):
+        raise ValueError(f"{CONFIG}.GROUPS={groups} / WIDTH_PER_GROUP={per_group}: grouped "
+                         f"convolutions (ResNeXt) need bottleneck blocks, DEPTH 50 or more "
+                         f"(DEPTH={depth} has basic blocks); keep GROUPS 1 and WIDTH_PER_GROUP 64")
+    if int(cfg.get("LAYER4_STRIDE", 2)) not in (1, 2):
+        raise ValueError(f"{CONFIG}.LAYER4_STRIDE must be 1 or 2, got {cfg.LAYER4_STRIDE!r}")
+    if cfg.get("STANDARDIZE_CONVOLUTIONS", False):
+        raise ValueError(f"{CONFIG}.STANDARDIZE_CONVOLUTIONS=True is not supported: the trunk "
+                         "has no weight-standardized convolutions; set it to false")
+
+
 @register_model_trunk("resnet")
 class ResNetTrunk(StagedTrunk):
     """Stages: conv1 (stem with max-pool), res2..res5 (layer1..4), res5avg (pooled, [N, C])."""
 
     default_out_feat_key = "res5avg"
 
+    @classmethod
+    def check_config(cls, model_cfg) -> None:
+        check_resnet_config(model_cfg.TRUNK.RESNETS)
+        checkpointing_splits(model_cfg)
+
     def __init__(self, model_cfg):
         super().__init__()
         cfg = model_cfg.TRUNK.RESNETS
-        depth = int(cfg.DEPTH)
-        if depth not in RESNET_DEPTHS:
-            raise ValueError(
-                f"MODEL.TRUNK.RESNETS.DEPTH must be one of {sorted(RESNET_DEPTHS)}, got {depth}"
-            )
-        block, num_blocks = RESNET_DEPTHS[depth]
+        check_resnet_config(cfg)
+        block, num_blocks = RESNET_DEPTHS[int(cfg.DEPTH)]
         width = float(cfg.WIDTH_MULTIPLIER)
-        if width <= 0:
-            raise ValueError(f"MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER must be > 0, got {width}")
         norm_layer = make_norm_layer(cfg.NORM, int(cfg.GROUPNORM_GROUPS))
+        block_args = dict(groups=int(cfg.get("GROUPS", 1)),
+                          base_width=int(cfg.get("WIDTH_PER_GROUP", 64)), norm_layer=norm_layer)
+        strides = (1, 2, 2, int(cfg.get("LAYER4_STRIDE", 2)))
 
         stem = scaled(STEM_CHANNELS, width)
         if cfg.SMALL_IMAGE_STEM:
@@ -79,10 +110,9 @@ class ResNetTrunk(StagedTrunk):
 
         self.stage_dims = {"conv1": stem}
         in_channels = stem
-        for index, (planes, blocks) in enumerate(zip(STAGE_PLANES, num_blocks)):
+        for index, (planes, blocks, stride) in enumerate(zip(STAGE_PLANES, num_blocks, strides)):
             planes = scaled(planes, width)
-            stride = 1 if index == 0 else 2
-            layer = make_stage(block, in_channels, planes, blocks, stride, norm_layer)
+            layer = make_stage(block, in_channels, planes, blocks, stride, block_args)
             self.add_module(f"layer{index + 1}", layer)
             in_channels = planes * block.expansion
             self.stage_dims[f"res{index + 2}"] = in_channels
@@ -144,17 +174,16 @@ class StemBlock(nn.Module):
 
 
 def make_stage(
-    block, in_channels: int, planes: int, blocks: int, stride: int, norm_layer
+    block, in_channels: int, planes: int, blocks: int, stride: int, block_args: dict
 ) -> nn.Sequential:
-    """``blocks`` residual blocks; the first changes stride/channels through a 1x1 projection."""
+    """``blocks`` residual blocks; the first changes stride/channels through a 1x1 projection.
+    ``block_args``: the blocks' groups, base_width and norm_layer."""
     out_channels = planes * block.expansion
     downsample = None
     if stride != 1 or in_channels != out_channels:
         downsample = nn.Sequential(
-            conv1x1(in_channels, out_channels, stride), norm_layer(out_channels)
+            conv1x1(in_channels, out_channels, stride), block_args["norm_layer"](out_channels)
         )
-    layers: List[nn.Module] = [
-        block(in_channels, planes, stride, downsample, norm_layer=norm_layer)
-    ]
-    layers += [block(out_channels, planes, norm_layer=norm_layer) for _ in range(1, blocks)]
+    layers: List[nn.Module] = [block(in_channels, planes, stride, downsample, **block_args)]
+    layers += [block(out_channels, planes, **block_args) for _ in range(1, blocks)]
     return nn.Sequential(*layers)
