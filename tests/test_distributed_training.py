@@ -123,10 +123,9 @@ def _read_bytes(path) -> bytes:
 def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(tmp_path):
     """Elastic restart: rank 1 is killed after iteration 3 of torchrun's first attempt; torchrun
     starts the group again, which resumes from the checkpoint of iteration 2 and ends with the
-    weights of an uninterrupted torchrun run.  (On this 2-core machine, loaded, gloo's
-    connection set-up of a restarted group often fails, or hangs: seen in 3 of 7 tries with
-    torchrun's static rendezvous and in 1 of 5 with the c10d one.  DISTRIBUTED.TIMEOUT_MINUTES
-    turns a hang into a failure after 30 s, and torchrun restarts the group once more.)"""
+    weights of an uninterrupted torchrun run.  (Each attempt sets its group up through keys of
+    its own in the agent's store: before that, a restarted group often read the dead group's
+    addresses and failed or hung, see the test below.)"""
     import os
     import signal
     import subprocess
@@ -184,3 +183,33 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(
     straight, elastic = final_weights(tmp_path / "straight"), final_weights(tmp_path / "elastic")
     for name, value in straight.items():
         assert torch.equal(elastic[name], value), name
+
+
+def test_each_torchrun_attempt_sets_up_its_group_through_keys_of_its_own(monkeypatch):
+    """The agent's store outlives a restarted worker group: the keys a group sets up with
+    (ranks' addresses) must not be read by the next attempt, or its set-up connects to the
+    dead group's ports (seen: 'connection refused', then hangs until the timeout)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from ssl_engine.engines.launcher import find_free_port
+    from ssl_engine.utils.distributed import elastic_attempt_store
+
+    timeout = datetime.timedelta(seconds=10)
+    port = find_free_port()
+    agent_store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timeout)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    assert elastic_attempt_store(2, timeout) is None  # no agent store: env:// as it is
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = elastic_attempt_store(2, timeout)
+    first.set("rank_0", "address of the first group")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    second = elastic_attempt_store(2, timeout)
+    assert not second.check(["rank_0"])  # the restarted group does not see the dead one's key
+    second.set("rank_0", "address of the second group")
+    assert first.get("rank_0") == b"address of the first group"
+    assert agent_store.get("ssl_engine/attempt_1/rank_0") == b"address of the second group"

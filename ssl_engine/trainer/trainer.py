@@ -15,7 +15,7 @@ from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.cpu_budget import configure_threads
-from ssl_engine.utils.distributed import get_rank
+from ssl_engine.utils.distributed import elastic_attempt_store, get_rank
 from ssl_engine.utils.registry import lookup
 
 logger = logging.getLogger(__name__)
@@ -83,9 +83,12 @@ class SelfSupervisionTrainer:
         logger.info("init process group: backend=%s rank=%d world=%d init=%s",
                     backend, self.rank, self.world_size, self.dist_run_id)
         minutes = float(self.cfg.DISTRIBUTED.get("TIMEOUT_MINUTES", 30))
-        dist.init_process_group(backend=backend, init_method=self.dist_run_id,
-                                rank=self.rank, world_size=self.world_size,
-                                timeout=datetime.timedelta(minutes=minutes))
+        timeout = datetime.timedelta(minutes=minutes)
+        store = elastic_attempt_store(self.world_size, timeout) \
+            if self.dist_run_id == "env://" else None
+        dist.init_process_group(backend=backend, init_method=None if store else self.dist_run_id,
+                                store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=timeout)
 
     def _find_checkpoint(self, checkpoint_path: Optional[str]):
         if checkpoint_path:

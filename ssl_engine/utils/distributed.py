@@ -1,5 +1,7 @@
 """Small helpers over torch.distributed that also work when no process group exists."""
-from typing import List
+import datetime
+import os
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,22 @@ def get_world_size() -> int:
 
 def is_primary() -> bool:
     return get_rank() == 0
+
+
+def elastic_attempt_store(world_size: int,
+                          timeout: datetime.timedelta) -> Optional["dist.Store"]:
+    """Under torchrun with the agent's store: a client of that store whose keys are prefixed
+    with the restart attempt (TORCHELASTIC_RESTART_COUNT), else None (env:// is then used as
+    is).  The agent's store outlives the worker groups it restarts, and a process group sets
+    up its connections through keys with fixed names: without the prefix, a restarted group
+    reads the addresses of the group that died and its set-up fails (connection refused) or
+    hangs until the timeout."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"ssl_engine/attempt_{attempt}", store)
 
 
 def barrier() -> None:
