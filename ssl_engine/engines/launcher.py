@@ -20,9 +20,11 @@ import torch.multiprocessing as mp
 
 from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.engines import get_engine
+from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError
+from ssl_engine.utils.logger import setup_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
 
@@ -30,19 +32,6 @@ logger = logging.getLogger(__name__)
 
 _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 SPAWN_GRACE_S = 10.0
-
-
-def import_plugins() -> None:
-    """Import the modules named in ``$SSL_ENGINE_PLUGINS`` (comma-separated), so that the
-    components they register (train steps, losses, hooks ...) exist in this process."""
-    import importlib
-
-    for name in filter(None, (n.strip() for n in os.environ.get("SSL_ENGINE_PLUGINS", "").split(","))):
-        try:
-            importlib.import_module(name)
-        except ImportError as err:
-            raise ConfigError(f"SSL_ENGINE_PLUGINS names module '{name}', which cannot be "
-                              f"imported: {err}") from None
 
 
 def find_free_port() -> int:
@@ -205,7 +194,7 @@ def submit_to_slurm(cfg: AttrDict, engine_name: str) -> int:
     local executor) wait for the job and return its outcome."""
     from ssl_engine.engines.slurm import is_local, submit
 
-    job = submit(cfg, engine_name)
+    job = submit(cfg, engine_name, launch_distributed)
     print(f"submitted job {job.job_id}; its logs: {job.paths.folder}", flush=True)
     if not is_local(job):  # on SLURM: the job runs there
         return 0
@@ -224,6 +213,7 @@ def main(argv: Sequence[str]) -> int:
     """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
     # mp.spawn logs a warning for each process it stops after one failed: the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    setup_logging(None)  # what composing the config reports (e.g. auto lr scaling), on stdout
     try:
         import_plugins()
         engine_name, cfg = load_config(list(argv))

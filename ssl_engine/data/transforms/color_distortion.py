@@ -8,6 +8,8 @@ class ImgPilColorDistortion:
     """SimCLR colour distortion: with p=0.8 ColorJitter(0.8s, 0.8s, 0.8s, 0.2s), then grayscale
     with p=0.2, where s is ``strength``."""
 
+    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+
     def __init__(self, strength: float = 1.0):
         self.strength = strength
         jitter = T.ColorJitter(0.8 * strength, 0.8 * strength, 0.8 * strength, 0.2 * strength)
