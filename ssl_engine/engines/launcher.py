@@ -73,13 +73,16 @@ def holds_run_lock(cfg: AttrDict) -> bool:
 
 
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
-    """Everything that can be refused before a process starts: the names of the engine,
-    task and train step, another live run in CHECKPOINT.DIR, then the engine's own checks
-    (data paths, output folders, the files it will load)."""
+    """Everything that can be refused before a process starts: every registered name the
+    config refers to (engine, task, train step, components), another live run in
+    CHECKPOINT.DIR, then the engine's own checks (data paths, output folders, the files it
+    will load)."""
+    from ssl_engine.config.registered_names import check_registered_names
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
 
+    check_registered_names(engine_name, cfg)  # every component the config names exists
     engine = get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
