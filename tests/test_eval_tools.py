@@ -84,7 +84,8 @@ def test_tool_reports_a_layer_the_config_does_not_extract(tmp_path, capsys):
 def test_features_of_other_weights_are_not_reused(tmp_path):
     """Features extracted from one checkpoint are re-extracted when another is asked for."""
     from ssl_engine.config import load_config
-    from ssl_engine.evaluation.extracted import get_or_extract, has_extracted
+    from ssl_engine.engines.evaluate_extracted import get_or_extract
+    from ssl_engine.evaluation.extracted import has_extracted
     from ssl_engine.models import build_model
 
     weights = []

@@ -11,7 +11,7 @@ printed and appended to metrics.json as {"low_shot": ...}.
 """
 import sys
 
-from ssl_engine.evaluation.extracted import run_evaluation_tool
+from ssl_engine.engines.evaluate_extracted import run_evaluation_tool
 from ssl_engine.evaluation.low_shot import low_shot_eval
 
 

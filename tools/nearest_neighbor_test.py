@@ -9,7 +9,7 @@ engine runs first. The result is printed and appended to metrics.json as {"knn":
 """
 import sys
 
-from ssl_engine.evaluation.extracted import run_evaluation_tool
+from ssl_engine.engines.evaluate_extracted import run_evaluation_tool
 from ssl_engine.evaluation.knn import knn_classify
 
 

@@ -1,18 +1,22 @@
-"""Refuse unknown keys and wrong types before any process starts.
+"""Refuse unknown keys, wrong types and unsupported VISSL settings before any process starts.
 
 Every key of a composed config must exist in defaults.yaml with a value of the same kind.
-A few subtrees are open (their keys depend on the component they configure) and are listed
-in ``OPEN_SUBTREES``; lists are not looked into.
+Sections whose default is ``{}`` are open (their keys belong to the component they configure),
+as are the few listed in ``OPEN_SUBTREES``; lists are not looked into. VISSL keys the engine
+does not implement take only their defaults (``ssl_engine.config.unsupported``).
 """
 import fnmatch
+import re
 from typing import Any, Iterator, List, Sequence, Tuple
 
 from ssl_engine.config.errors import ConfigError
+from ssl_engine.config.unsupported import UNSUPPORTED_KEYS, UNSUPPORTED_NAMES, Refusal
 from ssl_engine.utils.registry import closest_name
 
-# Patterns of sections whose children are free: keyword arguments of a component chosen by name.
+# Sections with a non-empty default whose children are free as well.
 OPEN_SUBTREES = ("config.DATA.*.COLLATE_FUNCTION_PARAMS", "config.MODEL.AMP_PARAMS.AMP_ARGS",
-                 "config.SLURM.ADDITIONAL_PARAMETERS")
+                 "config.SLURM.ADDITIONAL_PARAMETERS", "config.DISTILLATION.TEACHER_MODEL.TRUNK")
+_OPEN = re.compile("|".join(fnmatch.translate(p) for p in OPEN_SUBTREES))
 # Keys that take an int or the word "auto" (their default).
 INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
 # Keys that take a number or the word "inf" (VISSL's NORM_TYPE of clipping: inf is the max-norm).
@@ -22,11 +26,15 @@ NUMBER_OR_INF = ("config.MODEL.GRAD_CLIP.NORM_TYPE",)
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
 
 
-def _is_open(path: str) -> bool:
+def _is_open(path: str, schema: dict) -> bool:
+    """Whether ``path`` lies inside an open section (below it, not the section itself)."""
     parts = path.split(".")
-    for pattern in OPEN_SUBTREES:
-        depth = pattern.count(".") + 1
-        if len(parts) > depth and fnmatch.fnmatch(".".join(parts[:depth]), pattern):
+    node = schema
+    for depth, part in enumerate(parts[:-1], start=1):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+        if (isinstance(node, dict) and not node) or _OPEN.match(".".join(parts[:depth])):
             return True
     return False
 
@@ -109,7 +117,7 @@ def _under_new_extension(path: str, schema: dict) -> bool:
 
 def check_key(path: str, schema: dict) -> None:
     """Raise if ``path`` names no key of the schema (and lies in no open subtree)."""
-    if _is_open(path) or _under_new_extension(path, schema):
+    if _is_open(path, schema) or _under_new_extension(path, schema):
         return
     try:
         get_dotted(schema, path)
@@ -117,24 +125,80 @@ def check_key(path: str, schema: dict) -> None:
         raise _unknown_key_error(path, schema) from None
 
 
+def _matches(pattern: str, cfg: dict) -> Iterator[Tuple[str, Any]]:
+    """(path, value) of every key of ``cfg`` that ``pattern`` names (``*``: any one part)."""
+    found = [("", cfg)]
+    for part in pattern.split("."):
+        step = []
+        for prefix, node in found:
+            if isinstance(node, dict):
+                keys = node if part == "*" else ((part,) if part in node else ())
+                step.extend((f"{prefix}.{k}" if prefix else str(k), node[k]) for k in keys)
+        found = step
+    return iter(found)
+
+
+def _first_change(path: str, value: Any, default: Any) -> Tuple[str, Any]:
+    """The first key under ``path`` whose value differs from the default (a section's own path
+    when it gained or lost keys)."""
+    if isinstance(value, dict) and isinstance(default, dict) and default:
+        for key, sub in value.items():
+            if key in default and sub != default[key]:
+                return _first_change(f"{path}.{key}", sub, default[key])
+    return path, value
+
+
+def check_unsupported(cfg: dict, schema: dict) -> None:
+    """Refuse VISSL settings the engine does not implement (the defaults are accepted)."""
+    for key, names in UNSUPPORTED_NAMES.items():
+        for path, value in _matches(key, cfg):
+            for name in value if isinstance(value, list) else [value]:
+                if isinstance(name, str) and name in names:
+                    raise ConfigError(f"{path}={name} is not supported: {names[name]}")
+    for pattern, entry in UNSUPPORTED_KEYS.items():
+        refusal = entry if isinstance(entry, Refusal) else Refusal(entry)
+        for path, value in _matches(pattern, cfg):
+            try:
+                default = get_dotted(schema, path)
+            except KeyError:
+                continue  # an unknown key: named by validate_config
+            if value == default or any(value == ok for ok in refusal.accepted):
+                continue
+            path, value = _first_change(path, value, default)
+            raise ConfigError(f"{path}={value!r} is not supported: {refusal.reason}")
+
+
+def _check_value(path: str, default: Any, value: Any) -> None:
+    if path in INT_OR_AUTO and (value == "auto" or _kind(value) == "int"):
+        return
+    if path in NUMBER_OR_INF and value == "inf":
+        return
+    if not _type_ok(default, value):
+        raise ConfigError(
+            f"config key '{path}' expects {_article(_kind(default))} like {default!r}, "
+            f"got {value!r} ({_kind(value)})"
+        )
+
+
+def _check_section(node: dict, schema_node: dict, prefix: str, schema: dict) -> None:
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in schema_node:
+            if _under_new_extension(path, schema):
+                continue
+            raise _unknown_key_error(path, schema)
+        default = schema_node[key]
+        _check_value(path, default, value)
+        if isinstance(value, dict) and isinstance(default, dict) and default \
+                and not _OPEN.match(path):
+            _check_section(value, default, path, schema)
+
+
 def validate_config(cfg: dict, schema: dict) -> None:
-    """Check every key and value type of a composed config (plain dicts) against the schema."""
-    for path, value in _walk(cfg, ""):
-        if _is_open(path) or _under_new_extension(path, schema):
-            continue
-        try:
-            default = get_dotted(schema, path)
-        except KeyError:
-            raise _unknown_key_error(path, schema) from None
-        if path in INT_OR_AUTO and (value == "auto" or _kind(value) == "int"):
-            continue
-        if path in NUMBER_OR_INF and value == "inf":
-            continue
-        if not _type_ok(default, value):
-            raise ConfigError(
-                f"config key '{path}' expects {_article(_kind(default))} like {default!r}, "
-                f"got {value!r} ({_kind(value)})"
-            )
+    """Refuse the VISSL settings the engine does not implement, then check every key and value
+    type of a composed config (plain dicts) against the schema."""
+    check_unsupported(cfg, schema)  # first: an unsupported value may also be of another type
+    _check_section(cfg, schema, "", schema)
 
 
 def validate_overrides(overrides: Sequence[str], schema: dict) -> None:

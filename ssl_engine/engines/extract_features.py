@@ -1,7 +1,7 @@
 """The ``extract_features`` engine: a frozen model's features as numpy, per split and layer."""
 from typing import Callable, List, Optional
 
-from ssl_engine.engines import register_engine
+from ssl_engine.engines.registry import register_engine
 from ssl_engine.hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
 from ssl_engine.trainer.trainer import machine_ranks
@@ -9,15 +9,19 @@ from ssl_engine.utils.logger import setup_logging
 
 
 def check_extract_config(cfg) -> None:
-    """The splits are known, their data exists, the output folder is writable, and the weights
-    file (MODEL.WEIGHTS_INIT.PARAMS_FILE) loads and holds a state dict."""
+    """The splits are known, their data exists, extraction can read one view per image of
+    them, the output folder is writable, and the weights file (MODEL.WEIGHTS_INIT.PARAMS_FILE)
+    loads and holds a state dict."""
     from ssl_engine.data import check_data_paths
+    from ssl_engine.data.extraction_view import check_extraction_splits
     from ssl_engine.evaluation.extracted import extraction_dir
     from ssl_engine.models.weights_init import check_weights_file
     from ssl_engine.trainer.feature_extraction import check_splits, ensure_writable
 
-    for split in check_splits(cfg.EXTRACT_FEATURES.SPLITS):
+    splits = check_splits(cfg.EXTRACT_FEATURES.SPLITS)
+    for split in splits:
         check_data_paths(cfg, split)
+    check_extraction_splits(cfg, splits)
     ensure_writable(extraction_dir(cfg))
     check_weights_file(cfg.MODEL.WEIGHTS_INIT)
 

@@ -20,9 +20,11 @@ import torch.multiprocessing as mp
 
 from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.engines import get_engine
+from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError
+from ssl_engine.utils.logger import setup_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
 
@@ -30,19 +32,6 @@ logger = logging.getLogger(__name__)
 
 _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 SPAWN_GRACE_S = 10.0
-
-
-def import_plugins() -> None:
-    """Import the modules named in ``$SSL_ENGINE_PLUGINS`` (comma-separated), so that the
-    components they register (train steps, losses, hooks ...) exist in this process."""
-    import importlib
-
-    for name in filter(None, (n.strip() for n in os.environ.get("SSL_ENGINE_PLUGINS", "").split(","))):
-        try:
-            importlib.import_module(name)
-        except ImportError as err:
-            raise ConfigError(f"SSL_ENGINE_PLUGINS names module '{name}', which cannot be "
-                              f"imported: {err}") from None
 
 
 def find_free_port() -> int:
@@ -84,14 +73,17 @@ def holds_run_lock(cfg: AttrDict) -> bool:
 
 
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
-    """Everything that can be refused before a process starts: the names of the engine,
-    task and train step, the trunk and its settings, another live run in CHECKPOINT.DIR, then
-    the engine's own checks (data paths, output folders, the files it will load)."""
+    """Everything that can be refused before a process starts: every registered name the
+    config refers to (engine, task, train step, components), the trunk's settings, another live
+    run in CHECKPOINT.DIR, then the engine's own checks (data paths, output folders, the files
+    it will load)."""
+    from ssl_engine.config.registered_names import check_registered_names
     from ssl_engine.models.trunks import check_trunk_config
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
 
+    check_registered_names(engine_name, cfg)  # every component the config names exists
     engine = get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     check_trunk_config(cfg.MODEL)
@@ -207,7 +199,7 @@ def submit_to_slurm(cfg: AttrDict, engine_name: str) -> int:
     local executor) wait for the job and return its outcome."""
     from ssl_engine.engines.slurm import is_local, submit
 
-    job = submit(cfg, engine_name)
+    job = submit(cfg, engine_name, launch_distributed)
     print(f"submitted job {job.job_id}; its logs: {job.paths.folder}", flush=True)
     if not is_local(job):  # on SLURM: the job runs there
         return 0
@@ -226,6 +218,7 @@ def main(argv: Sequence[str]) -> int:
     """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
     # mp.spawn logs a warning for each process it stops after one failed: the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    setup_logging(None)  # what composing the config reports (e.g. auto lr scaling), on stdout
     try:
         import_plugins()
         engine_name, cfg = load_config(list(argv))

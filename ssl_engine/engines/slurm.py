@@ -9,7 +9,7 @@ submitit's local executor runs the job on this machine, and the command waits fo
 import copy
 import logging
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 import submitit
 
@@ -23,11 +23,11 @@ class EngineJob(submitit.helpers.Checkpointable):
     """What each node's task runs: the engine on this node's processes.  Requeued as it is
     (``Checkpointable.checkpoint``), it resumes from the run's last checkpoint."""
 
-    def __init__(self, cfg, engine_name: str):
-        self.cfg, self.engine_name = cfg, engine_name
+    def __init__(self, cfg, engine_name: str, launch: Callable):
+        self.cfg, self.engine_name, self.launch = cfg, engine_name, launch
 
     def __call__(self) -> str:
-        from ssl_engine.engines.launcher import import_plugins, launch_distributed
+        from ssl_engine.engines.plugins import import_plugins
 
         import_plugins()  # $SSL_ENGINE_PLUGINS: the user's components, on this node too
         env = submitit.JobEnvironment()
@@ -40,7 +40,7 @@ class EngineJob(submitit.helpers.Checkpointable):
             cfg.DISTRIBUTED.INIT_METHOD = "tcp"
             cfg.DISTRIBUTED.RUN_ID = f"{env.hostnames[0]}:{cfg.SLURM.PORT_ID}"
         logger.info("job %s, node %d of %d", env.job_id, env.node, env.num_nodes)
-        launch_distributed(cfg, self.engine_name)
+        self.launch(cfg, self.engine_name)
         return cfg.CHECKPOINT.DIR
 
 
@@ -71,8 +71,9 @@ def executor_parameters(cfg) -> Dict[str, Any]:
     return params
 
 
-def submit(cfg, engine_name: str, cluster: str = None):
-    """Submit the run; the submitit job (``job.job_id``; ``job.paths`` for its logs).
+def submit(cfg, engine_name: str, launch: Callable, cluster: str = None):
+    """Submit the run; the submitit job (``job.job_id``; ``job.paths`` for its logs). On each
+    node the job calls ``launch(cfg, engine_name)`` (the launcher's ``launch_distributed``).
     ``cluster``: submitit's choice (None: SLURM when ``sbatch`` exists, else local)."""
     executor = submitit.AutoExecutor(folder=Path(cfg.SLURM.LOG_FOLDER), cluster=cluster)
     if executor.cluster == "slurm" and not cfg.SLURM.PARTITION:
@@ -83,4 +84,4 @@ def submit(cfg, engine_name: str, cluster: str = None):
         params = {k: v for k, v in params.items()
                   if not k.startswith("slurm_") and k not in ("mem_gb", "nodes")}
     executor.update_parameters(**params)
-    return executor.submit(EngineJob(cfg, engine_name))
+    return executor.submit(EngineJob(cfg, engine_name, launch))

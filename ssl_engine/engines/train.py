@@ -3,7 +3,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from ssl_engine.config import ConfigError
-from ssl_engine.engines import register_engine
+from ssl_engine.engines.registry import register_engine
 from ssl_engine.hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
 from ssl_engine.trainer.trainer import machine_ranks

@@ -3,6 +3,8 @@ import copy
 import logging
 from typing import Any, MutableMapping
 
+logger = logging.getLogger(__name__)
+
 LR_VALUE_KEYS = ("value", "values", "start_value", "end_value")
 
 
@@ -13,7 +15,7 @@ def _scale_schedule(scheduler_cfg: MutableMapping[str, Any], factor: float, path
             continue
         new = [v * factor for v in old] if isinstance(old, (list, tuple)) else old * factor
         scheduler_cfg[key] = new
-        logging.info("auto lr scaling: %s.%s %s -> %s", path, key, old, new)
+        logger.info("auto lr scaling: %s.%s %s -> %s", path, key, old, new)
     for index, sub in enumerate(scheduler_cfg.get("schedulers") or []):
         _scale_schedule(sub, factor, f"{path}.schedulers[{index}]")
 
@@ -36,7 +38,7 @@ def apply_auto_lr_scaling(optimizer_cfg, global_batch_size: int):
             f"auto lr scaling needs positive batch sizes, got global {global_batch_size}, base {base_batch_size}"
         )
     factor = global_batch_size / base_batch_size
-    logging.info("auto lr scaling: global batch %d / base batch %d = factor %g",
+    logger.info("auto lr scaling: global batch %d / base batch %d = factor %g",
                  global_batch_size, base_batch_size, factor)
     _scale_schedule(lr_cfg, factor, "OPTIMIZER.param_schedulers.lr")
     scaling["auto_scale"] = False

@@ -63,6 +63,11 @@ _BUILDERS: Dict[str, Callable[[Mapping[str, Any], int], ParamScheduler]] = {
 }
 
 
+def param_scheduler_names():
+    """The names a param scheduler's ``name`` may take."""
+    return sorted(_BUILDERS)
+
+
 def build_param_scheduler(scheduler_cfg: Mapping[str, Any], num_epochs: int) -> ParamScheduler:
     """The scheduler described by ``scheduler_cfg`` (``num_epochs``: default for multistep/step)."""
     builder = lookup(_BUILDERS, scheduler_cfg.get("name"), "param scheduler")

@@ -39,6 +39,11 @@ _CLASSY_SETTINGS: Dict[str, Callable[[Mapping[str, Any]], Dict[str, Any]]] = {
 }
 
 
+def optimizer_names():
+    """The names OPTIMIZER.name may take."""
+    return sorted(_CLASSY_SETTINGS)
+
+
 class SSLOptimizer:
     """A classy_vision optimizer stepped with ``where``, the fraction of training done.
 

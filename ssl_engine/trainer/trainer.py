@@ -155,6 +155,7 @@ class SelfSupervisionTrainer:
         model extracts (MODEL.FEATURE_EVAL_SETTINGS), from the frozen model with the weights
         of MODEL.WEIGHTS_INIT; return {split: {layer: {kind: path}}}."""
         from ssl_engine.data import build_dataset
+        from ssl_engine.data.extraction_view import check_extraction_splits, extraction_config
         from ssl_engine.evaluation.extracted import extraction_dir
         from ssl_engine.models import build_model
         from ssl_engine.models.weights_init import load_weights_init
@@ -175,5 +176,15 @@ class SelfSupervisionTrainer:
             logger.warning("config.MODEL.WEIGHTS_INIT.PARAMS_FILE is empty: extracting the "
                            "features of a randomly initialised model")
         logger.info("extracting layers %s of splits %s", ", ".join(layers), ", ".join(splits))
+        cfg, changes = extraction_config(cfg, splits)
+        for split, changed in changes.items():
+            if changed:
+                logger.info("%s: one deterministic view per image "
+                            "(config.EXTRACT_FEATURES.ONE_DETERMINISTIC_VIEW=true): %s",
+                            split.lower(), "; ".join(changed))
+        for split, names in check_extraction_splits(cfg, splits).items():
+            logger.warning("%s: random augmentations %s are left in the extraction pipeline "
+                           "(config.EXTRACT_FEATURES.ONE_DETERMINISTIC_VIEW=false): each "
+                           "extraction gives other features", split.lower(), ", ".join(names))
         datasets = {split: build_dataset(cfg, split) for split in splits}
         return fx.extract_features(model.to(self.device), datasets, cfg, self.device, folder)

@@ -26,6 +26,8 @@ class GaussianBlur(T.GaussianBlur):
     the output is the same 8-bit image (tested), at a fraction of the cost on small images
     (benchmarks/transforms_speed.py).  Other inputs and kernels go to torchvision."""
 
+    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+
     def forward(self, img):
         height, width = self.kernel_size[1], self.kernel_size[0]
         if not isinstance(img, Image.Image) or height != width or width not in (3, 5) \

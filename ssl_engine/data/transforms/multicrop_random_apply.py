@@ -11,6 +11,8 @@ class ImgPilMultiCropRandomApply:
     """After the views are made: the ``transforms`` (a TRANSFORMS-style list) applied to view i
     with probability ``prob[i]``, e.g. BYOL's solarization ``prob: [0.0, 0.2]``."""
 
+    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+
     takes_views = True
 
     def __init__(self, transforms: List[Dict[str, Any]], prob: Sequence[float]):

@@ -9,6 +9,8 @@ class ImgRotatePil:
     """Rotates by one of ``num_angles`` angles evenly spaced in [0, 360), drawn uniformly; the
     label of the view becomes the angle's index (RotNet: the model predicts the rotation)."""
 
+    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+
     sets_label = True
 
     def __init__(self, num_angles: int = 4, num_rotations_per_img: int = 1):

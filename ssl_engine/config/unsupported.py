@@ -1,0 +1,164 @@
+"""VISSL keys and names the engine does not implement: the one list, with the reasons.
+
+Every key of VISSL's defaults.yaml is a key of configs/config/defaults.yaml. A key listed in
+``UNSUPPORTED_KEYS`` takes only its default (and the values named with ``also``): any other
+value, from a config file or the command line, is refused before launch with the reason given
+here. ``UNSUPPORTED_NAMES`` does the same for component names VISSL knows (trunks, losses,
+meters) that the engine has not got.
+
+Settings that act only through a refused switch or name are not listed (the sampler settings
+under STRATIFIED_SAMPLER besides ENABLED, the XCIT section, the settings of a loss the engine
+has not got ...): a run can only start with the switch at its default, where VISSL reads them
+neither.
+
+Patterns: ``*`` stands for one part of the dotted path (``config.DATA.*.MMAP_MODE`` is the
+key of TRAIN and of TEST); a pattern naming a section refuses any change inside it, naming the
+changed key. To implement a feature, delete its entries.
+"""
+from typing import Any, Dict, NamedTuple, Tuple, Union
+
+
+class Refusal(NamedTuple):
+    reason: str
+    accepted: Tuple[Any, ...] = ()  # values accepted besides the default
+
+
+def also(reason: str, *values: Any) -> Refusal:
+    """An entry that accepts ``values`` too (e.g. turning off what the engine never does)."""
+    return Refusal(reason, values)
+
+
+_NO_CPU = "no effect on a CPU or with torch's own tools; "
+_TOOL = "VISSL's {} tool is not part of the engine (the section is read by that tool only)"
+
+UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
+    # top level and globals
+    "node_id": "the machine rank is config.DISTRIBUTED.NODE_ID",
+    "config.MULTI_PROCESSING_METHOD": "processes are always started with spawn",
+    "config.REPRODUCIBILITY.CUDDN_DETERMINISTIC": "deterministic cuDNN is not implemented",
+    # HOOKS
+    "config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL": "the EMA model hook is not implemented",
+    "config.HOOKS.EMA_MODEL.ENABLE_EMA_METERS": "the EMA model hook is not implemented",
+    "config.HOOKS.MEMORY_SUMMARY.PRINT_MEMORY_SUMMARY": also(
+        _NO_CPU + "the CUDA memory summary is not printed; set it to false", False),
+    "config.HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION":
+        "dumping live tensors after an exception is not implemented",
+    "config.HOOKS.LOG_GPU_STATS": also(
+        "nvidia-smi is not logged; run nvidia-smi beside the job, or set it to false", False),
+    "config.HOOKS.TENSORBOARD_SETUP.LOG_DIR":
+        "events go to CHECKPOINT.DIR/<EXPERIMENT_LOG_DIR>; set those instead",
+    "config.HOOKS.TENSORBOARD_SETUP.LOG_PARAMS_GRADIENTS": also(
+        "gradient histograms are not written", False),
+    "config.HOOKS.TENSORBOARD_SETUP.LOG_PARAMS_EVERY_N_ITERS": also(
+        "parameter histograms are written at phase ends only (-1)", -1),
+    "config.MONITORING.MONITOR_ACTIVATION_STATISTICS": "activation statistics are not implemented",
+    "config.PROFILING.RUNTIME_PROFILING.USE_PROFILER": "the profiler hook is not implemented",
+    "config.PROFILING.MEMORY_PROFILING.TRACK_BY_LAYER_MEMORY": "the profiler hook is not implemented",
+    # DATA
+    "config.DATA.ENABLE_ASYNC_GPU_COPY": also(
+        _NO_CPU + "batches are copied to the GPU in the step (pinned with DATA.PIN_MEMORY)", False),
+    "config.DATA.DDP_BUCKET_CAP_MB": "DDP keeps torch's default gradient buckets (25 MB)",
+    "config.DATA.*.USE_DEBUGGING_SAMPLER": "the debugging sampler is not implemented",
+    "config.DATA.*.STRATIFIED_SAMPLER.ENABLED": "the stratified sampler is not implemented",
+    "config.DATA.*.POWER_LAW_SAMPLER.ENABLED": "the power-law sampler is not implemented",
+    "config.DATA.*.REMOVE_IMG_PATH_PREFIX": "rewriting image path prefixes is not implemented",
+    "config.DATA.*.BASE_DATASET": "only the generic_ssl dataset exists",
+    "config.DATA.*.RANDOM_SYNTHETIC_IMAGES":
+        "the synthetic source always gives random images; see DATA.<split>.SYNTHETIC",
+    "config.DATA.*.RANDOM_SYNTHETIC_LABELS": "use DATA.<split>.SYNTHETIC.NUM_CLASSES",
+    # METERS
+    "config.METERS.enable_training_meter": "meters are computed in every phase",
+    "config.METERS.model_output_mask": "masking the model output to the labels' classes is not implemented",
+    # MODEL
+    "config.MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
+    "config.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE": "clearing the CUDA cache is not implemented",
+    "config.MODEL.NON_TRAINABLE_PARAMS": "not implemented; use MODEL.TEMP_FROZEN_PARAMS_ITER_MAP "
+                                         "with a large iteration count",
+    "config.MODEL.MULTI_INPUT_HEAD_MAPPING": "heads fed by other sample keys are not implemented",
+    "config.MODEL.SINGLE_PASS_EVERY_CROP": "crops of one size always go through together",
+    "config.MODEL.SHARDED_DDP_SETUP.USE_SDP":
+        "use OPTIMIZER.use_zero=true (sharded optimizer state) or "
+        "TRAINER.TASK_NAME=self_supervision_fsdp_task (torch's FSDP2)",
+    "config.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size": "ShardedDataParallel is not used",
+    "config.MODEL.FSDP_CONFIG.*":
+        "fairscale's FSDP settings; TRAINER.TASK_NAME=self_supervision_fsdp_task shards with "
+        "torch's FSDP2 by trunk stage or block and takes its precision from MODEL.AMP_PARAMS",
+    "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD":
+        "evaluating the heads with loaded head weights is not implemented",
+    "config.MODEL.FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT":
+        "loaded weights must always match the model's shapes",
+    "config.MODEL.HEAD.BATCHNORM_EPS": "heads use torch's batch-norm epsilon (1e-5)",
+    "config.MODEL.HEAD.BATCHNORM_MOMENTUM": "heads use torch's batch-norm momentum (0.1)",
+    "config.MODEL.HEAD.PARAMS_MULTIPLIER": "scaling the heads' initial weights is not implemented",
+    # LOSS
+    "config.LOSS.cross_entropy_multiple_output_single_target.reduction":
+        "the loss is always the batch mean",
+    # OPTIMIZER
+    "config.OPTIMIZER.non_regularized_parameters":
+        "not implemented; regularize_bn and regularize_bias choose what weight decay skips",
+    "config.OPTIMIZER.head_optimizer_params.use_different_lr":
+        "use OPTIMIZER.lr_multipliers (e.g. [[heads, 10.0]])",
+    "config.OPTIMIZER.head_optimizer_params.use_different_wd":
+        "a separate weight decay for the heads is not implemented",
+    "config.OPTIMIZER.construct_single_param_group_only": "parameter groups are always built",
+    "config.OPTIMIZER.param_group_constructor":
+        "only the default parameter groups exist (layer-wise lr decay is not implemented)",
+    "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":
+        "the lr is scaled linearly with the batch",
+    # EXTRACT_FEATURES
+    "config.EXTRACT_FEATURES.CHUNK_THRESHOLD":
+        "features are always written to disk as they are computed; no setting is needed",
+    "config.EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME":
+        "features are written as <split>_<layer>_features.npy in dataset order",
+    # NEAREST_NEIGHBOR
+    "config.NEAREST_NEIGHBOR.L2_NORM_FEATS": also(
+        "features are always l2-normalised (cosine similarity)", True),
+    "config.NEAREST_NEIGHBOR.OPTIMIZE_MEMORY": also(
+        "test features are always compared in chunks (NEAREST_NEIGHBOR.CHUNK_SIZE)", True),
+    "config.NEAREST_NEIGHBOR.FEATURES.PATH": "tools/nearest_neighbor_test.py extracts the features itself",
+    # VISSL's separate tools
+    "config.CLUSTERFIT.*": _TOOL.format("ClusterFit"),
+    "config.RANKING.*": _TOOL.format("ranking"),
+    "config.SVM.*": _TOOL.format("SVM"),
+    "config.SVM_FEATURES_PATH": _TOOL.format("SVM"),
+    "config.IMG_RETRIEVAL.*": _TOOL.format("instance retrieval"),
+    "config.LOW_SHOT_BENCHMARK.*": _TOOL.format("low-shot logistic regression")
+                                  + "; tools/low_shot_test.py reads LOW_SHOT",
+    "config.GEO_LOCALIZATION.*": _TOOL.format("geo-localisation"),
+    # CHECKPOINT
+    "config.CHECKPOINT.APPEND_DISTR_RUN_ID": "put the run id in CHECKPOINT.DIR yourself",
+    "config.CHECKPOINT.BACKEND": "checkpoints are written to disk only",
+    "config.CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM":
+        "runs resume from the newest checkpoint (each is written atomically, so it is whole)",
+    "config.CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME":
+        "a pointer file, written atomically, always names the newest checkpoint",
+    # DISTRIBUTED
+    "config.DISTRIBUTED.NCCL_DEBUG": _NO_CPU + "set the environment variable NCCL_DEBUG=INFO instead",
+    "config.DISTRIBUTED.NCCL_SOCKET_NTHREADS":
+        _NO_CPU + "set the environment variable NCCL_SOCKET_NTHREADS instead",
+    "config.DISTRIBUTED.BROADCAST_BUFFERS": "DDP always broadcasts rank 0's buffers",
+    "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION": "gradients are reduced by DDP's hooks",
+}
+
+_NOT_YET = "is not implemented"
+UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
+    "config.MODEL.TRUNK.NAME": {
+        **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, regnet, efficientnet, "
+                 f"vision_transformer)" for name in (
+            "regnet_fsdp", "resnet_sk", "xcit", "xcit_fsdp",
+            "swin_transformer", "beit", "convnext", "convit", "classy_vit", "mobilenetv3_tv",
+            "mobilenetv3_timm", "alexnet_bvlc", "alexnet_deepcluster", "alexnet_jigsaw",
+            "alexnet_rotnet", "alexnet_colorization")},
+        "vision_transformer_fsdp": "use vision_transformer with "
+                                   "TRAINER.TASK_NAME=self_supervision_fsdp_task",
+    },
+    "config.LOSS.name": {
+        **{name: f"the {name} loss {_NOT_YET}" for name in (
+            "nce_loss_with_memory", "multicrop_simclr_info_nce_loss", "swav_momentum_loss",
+            "ibot_loss", "msn_loss", "deepclusterv2_loss", "bce_logits_multiple_output_single_target",
+            "distillation_loss", "swav_distillation_loss", "dino_distillation_loss",
+            "ibot_distillation_loss", "msn_distillation_loss")},
+        "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
+                            "for one output)",
+    },
+}

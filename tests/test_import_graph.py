@@ -1,0 +1,126 @@
+"""The layering of ssl_engine, read from the source with ``ast`` (nothing is imported).
+
+Every ``import`` and ``from ... import`` statement naming an ssl_engine module is an edge,
+wherever it stands: at module level or inside a function, since a function-level import closes
+a circle just as well, only later. ``from pkg import name`` is an edge to ``pkg.name`` when that
+is a module, else to ``pkg``; an import of a name that is not a module resolves to the closest
+enclosing module.
+
+A package's ``__init__`` is a module like any other: its imports of its own submodules (to
+re-export names or to register built-in components) are edges too. So a submodule must not
+import its own package's ``__init__`` (e.g. ``from ssl_engine.engines import register_engine``
+inside ``ssl_engine/engines/train.py``): that circle only works while the ``__init__`` happens
+to define the name before it imports the submodule. Registries therefore live in their own
+``registry`` modules, which both the ``__init__`` and the components import. What is not counted
+is the implicit run of parent packages that importing ``a.b.c`` sets off (``a`` and ``a.b``
+first): that is how Python imports any submodule, not a dependency the code chose.
+"""
+import ast
+from pathlib import Path
+from typing import Dict, List, Optional, Set
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "ssl_engine"
+EVALUATION_MAY_IMPORT = ("ssl_engine.data", "ssl_engine.utils", "ssl_engine.evaluation")
+
+
+def module_files() -> Dict[str, Path]:
+    """{dotted module name: file} of every module of ssl_engine (packages by their name)."""
+    modules = {}
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def closest_module(name: str, modules) -> Optional[str]:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imported_modules(name: str, path: Path, modules) -> Set[str]:
+    """The ssl_engine modules ``name`` imports anywhere in its source."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the package holding this module
+                base = name if is_package else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            targets = [f"{source}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target == "ssl_engine" or target.startswith("ssl_engine."):
+                found.add(closest_module(target, modules))
+    found.discard(name)
+    return found
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    modules = module_files()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
+    """One import circle of ``graph`` as [a, b, ..., a], or None (iterative depth-first)."""
+    state = {}  # 1: on the current path, 2: finished
+    for start in sorted(graph):
+        if start in state:
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_graph_reader_sees_function_level_and_relative_imports(tmp_path):
+    """The reader finds what the checks rely on: imports inside functions, relative imports,
+    ``from pkg import module`` and names resolved to their module."""
+    modules = {"ssl_engine.a", "ssl_engine.a.b", "ssl_engine.c"}
+    source = tmp_path / "b.py"
+    source.write_text("import os\nfrom . import b\n"
+                      "def f():\n    from ssl_engine.c import thing\n"
+                      "    from ssl_engine.a import b\n")
+    assert imported_modules("ssl_engine.a.x", source, modules) == {"ssl_engine.a.b",
+                                                                  "ssl_engine.c"}
+    assert find_cycle({"p": {"q"}, "q": {"r"}, "r": {"p"}}) == ["p", "q", "r", "p"]
+    assert find_cycle({"p": {"q"}, "q": set(), "r": {"p", "q"}}) is None
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 50  # the whole package was read
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_evaluation_imports_only_data_utils_and_itself():
+    """ssl_engine.evaluation computes on features and data: it starts no engine, builds no
+    trainer or hook, so the engines, trainer and hooks can use it freely."""
+    graph = import_graph()
+    evaluation = {name: deps for name, deps in graph.items()
+                  if name == "ssl_engine.evaluation" or name.startswith("ssl_engine.evaluation.")}
+    assert "ssl_engine.evaluation.extracted" in evaluation
+    wrong = {f"{name} imports {dep}" for name, deps in evaluation.items() for dep in deps
+             if not any(dep == allowed or dep.startswith(allowed + ".")
+                        for allowed in EVALUATION_MAY_IMPORT)}
+    assert not wrong, sorted(wrong)
