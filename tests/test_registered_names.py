@@ -29,7 +29,7 @@ def set_key(cfg, path, value):
 @pytest.mark.parametrize("path, value, message", [
     ("DATA.TRAIN.COLLATE_FUNCTION", "default_collator",
      "config.DATA.TRAIN.COLLATE_FUNCTION=default_collator: no collator is registered under this "
-     "name; the closest registered one is 'default'"),
+     "name; the closest registered one is 'default_collate'"),
     ("OPTIMIZER.name", "sgd_fsdp", "config.OPTIMIZER.name=sgd_fsdp: no optimizer is registered "
                                    "under this name; the closest registered one is 'sgd'"),
     ("DATA.TRAIN.TRANSFORMS.2.name", "RandomHorizontalFlp",

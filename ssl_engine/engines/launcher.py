@@ -24,7 +24,7 @@ from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError
-from ssl_engine.utils.logger import setup_logging
+from ssl_engine.utils.logger import launcher_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
 
@@ -218,7 +218,11 @@ def main(argv: Sequence[str]) -> int:
     """The command line: ``config=<group>/<name> [engine_name=...] [config.A.B=v ...]``."""
     # mp.spawn logs a warning for each process it stops after one failed: the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    setup_logging(None)  # what composing the config reports (e.g. auto lr scaling), on stdout
+    with launcher_logging():  # what composing and checking report (e.g. auto lr scaling)
+        return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     try:
         import_plugins()
         engine_name, cfg = load_config(list(argv))
