@@ -139,9 +139,6 @@ def test_typo_of_a_vissl_key_still_gets_did_you_mean():
 
 
 def test_apex_like_key_says_what_to_use_instead():
-    with pytest.raises(ConfigError, match="config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True is not "
-                                          "supported: use OPTIMIZER.use_zero=true"):
-        compose_config([QUICK, "config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true"])
     with pytest.raises(ConfigError, match="set the environment variable NCCL_DEBUG=INFO instead"):
         compose_config([QUICK, "config.DISTRIBUTED.NCCL_DEBUG=true"])
 

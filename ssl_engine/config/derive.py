@@ -137,5 +137,7 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     from ssl_engine.optimizers import apply_auto_lr_scaling
 
+    if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
+        cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer
     cfg.OPTIMIZER = apply_auto_lr_scaling(cfg.OPTIMIZER, global_batch_size(cfg))
     return cfg

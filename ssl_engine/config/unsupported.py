@@ -76,10 +76,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
                                          "with a large iteration count",
     "config.MODEL.MULTI_INPUT_HEAD_MAPPING": "heads fed by other sample keys are not implemented",
     "config.MODEL.SINGLE_PASS_EVERY_CROP": "crops of one size always go through together",
-    "config.MODEL.SHARDED_DDP_SETUP.USE_SDP":
-        "use OPTIMIZER.use_zero=true (sharded optimizer state) or "
-        "TRAINER.TASK_NAME=self_supervision_fsdp_task (torch's FSDP2)",
-    "config.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size": "ShardedDataParallel is not used",
     "config.MODEL.FSDP_CONFIG.*":
         "fairscale's FSDP settings; TRAINER.TASK_NAME=self_supervision_fsdp_task shards with "
         "torch's FSDP2 by trunk stage or block and takes its precision from MODEL.AMP_PARAMS",

@@ -54,13 +54,16 @@ class SSLOptimizer:
 
     def __init__(self, classy_optimizer: ClassyOptimizer):
         self.classy_optimizer = classy_optimizer
+        # zero_grad sets gradients to None (torch's default) unless this is set: under
+        # ShardedDataParallel they are views into its reduce buckets and must be kept
+        self.zero_grads_in_place = False
 
     @property
     def param_groups(self):
         return self.classy_optimizer.param_groups
 
     def zero_grad(self) -> None:
-        self.classy_optimizer.zero_grad()
+        self.classy_optimizer.optimizer.zero_grad(set_to_none=not self.zero_grads_in_place)
 
     def step(self, where: float) -> None:
         self.classy_optimizer.step(where=where)

@@ -67,7 +67,10 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
         from ssl_engine.losses.momentum_target import MomentumTargetLoss
 
         why = None
-        if cfg.OPTIMIZER.get("use_zero", False):
+        if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
+            why = ("config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true: FSDP already shards the "
+                   "gradients; leave USE_SDP off")
+        elif cfg.OPTIMIZER.get("use_zero", False):
             why = ("config.OPTIMIZER.use_zero=true: FSDP already shards the optimizer state; "
                    "leave use_zero off")
         elif cfg.OPTIMIZER.get("use_larc", False):

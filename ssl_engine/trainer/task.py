@@ -12,6 +12,8 @@ from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_los
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
 from ssl_engine.trainer.phases import build_phases
+from ssl_engine.trainer.sharded_ddp import (check_sharded_ddp_config, uses_sharded_ddp,
+                                            wrap_sharded_ddp)
 from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
 from ssl_engine.utils.checkpoint import CheckpointError
@@ -75,6 +77,11 @@ class SelfSupervisionTask(ClassyTask):
     def from_config(cls, config, device: Optional[torch.device] = None):
         return cls(config, device or torch.device("cpu"))
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuse, before launch, the combinations this task cannot run."""
+        check_sharded_ddp_config(cfg)
+
     # ------------------------------------------------------------------ building
     def prepare(self, checkpoint: Optional[Dict[str, Any]] = None) -> None:
         """Build data, model, loss, optimizer and meters; restore ``checkpoint`` if given."""
@@ -105,11 +112,14 @@ class SelfSupervisionTask(ClassyTask):
             self.base_model.trunk.compile(backend=backend,
                                           mode=None if backend != "inductor" else
                                           cfg.MODEL.COMPILE.MODE)
+        if uses_sharded_ddp(cfg) and not cfg.TEST_ONLY:  # its wrapper needs the optimizer
+            self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.loss = build_loss(cfg.LOSS).to(self.device)
         if hasattr(self.loss, "bind_model"):  # e.g. a momentum target copied from the model
             self.loss.bind_model(self.base_model)
-        self.optimizer = None if cfg.TEST_ONLY else build_optimizer(cfg.OPTIMIZER, self.base_model)
+        if self.optimizer is None and not cfg.TEST_ONLY:  # FSDP: over the sharded parameters
+            self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)
         if checkpoint is not None:
             self.set_classy_state(checkpoint["classy_state_dict"])
@@ -140,6 +150,8 @@ class SelfSupervisionTask(ClassyTask):
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if get_world_size() == 1:
             return model
+        if uses_sharded_ddp(self.config) and self.optimizer is not None:
+            return wrap_sharded_ddp(model, self.optimizer, self.config)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
 
