@@ -129,10 +129,25 @@ def crash_hooks_at(iteration):
     return lambda cfg: default_hook_generator(cfg) + [CrashAt(iteration)]
 
 
-@pytest.mark.parametrize("crash_at, frequency, workers", [(6, 2, 0), (3, 3, 2)])
-def test_resume_after_crash_is_bit_exact(tmp_path, crash_at, frequency, workers):
+# the first case also keeps an EMA of the weights (HOOKS.EMA_MODEL): copies at updates 0 and 2
+# (warm-up), then averages every second update, in the checkpoints
+EMA_EVERY_2 = ["config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL=true", "config.HOOKS.EMA_MODEL.DECAY=0.6",
+               "config.HOOKS.EMA_MODEL.WARMUP=0.3", "config.HOOKS.EMA_MODEL.UPDATE_ITER=2",
+               "config.HOOKS.EMA_MODEL.EMA_DEVICE=cpu"]
+
+
+def final_ema_weights(checkpoint_dir: Path):
+    state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.torch")
+    model = state["classy_state_dict"]["ema_model"]["model"]
+    return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in model[part].items()}
+
+
+@pytest.mark.parametrize("crash_at, frequency, workers, ema", [(6, 2, 0, True),
+                                                               (3, 3, 2, False)])
+def test_resume_after_crash_is_bit_exact(tmp_path, crash_at, frequency, workers, ema):
     overrides = [f"config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY={frequency}",
-                 f"config.DATA.NUM_DATALOADER_WORKERS={workers}", "config.LOG_FREQUENCY=1"]
+                 f"config.DATA.NUM_DATALOADER_WORKERS={workers}", "config.LOG_FREQUENCY=1",
+                 *(EMA_EVERY_2 if ema else [])]
     run_engine(tmp_path / "straight", overrides)
 
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -146,6 +161,13 @@ def test_resume_after_crash_is_bit_exact(tmp_path, crash_at, frequency, workers)
     assert straight.keys() == resumed.keys()
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
+    if ema:
+        straight_ema = final_ema_weights(tmp_path / "straight")
+        resumed_ema = final_ema_weights(tmp_path / "crashed")
+        assert straight_ema.keys() == straight.keys()
+        for name in straight_ema:
+            assert torch.equal(straight_ema[name], resumed_ema[name]), name
+        assert not torch.equal(straight_ema["trunk.conv1.weight"], straight["trunk.conv1.weight"])
     # the steps after the resume point saw the same losses
     assert step_losses(tmp_path / "crashed") == step_losses(tmp_path / "straight")
 

@@ -124,6 +124,31 @@ def _derive_loss_settings(cfg: AttrDict) -> None:
             cfg.LOSS.dino_loss.output_dim = int(clusters[0])
 
 
+def _check_ema_model(cfg: AttrDict) -> None:
+    """HOOKS.EMA_MODEL's settings, when the average is kept."""
+    ema = cfg.HOOKS.EMA_MODEL
+    if not (ema.SAVE_EMA_MODEL or ema.ENABLE_EMA_METERS):
+        return
+    where = "config.HOOKS.EMA_MODEL"
+    if cfg.TEST_ONLY:
+        raise ConfigError(f"{where}: an average of the weights is kept while training; "
+                          "config.TEST_ONLY=true trains nothing: leave SAVE_EMA_MODEL and "
+                          "ENABLE_EMA_METERS off")
+    if ema.EMA_DEVICE not in ("cpu", "gpu"):
+        raise ConfigError(f"{where}.EMA_DEVICE={ema.EMA_DEVICE!r} is not one of cpu, gpu")
+    if ema.EMA_DEVICE == "gpu" and cfg.MACHINE.DEVICE != "gpu":
+        raise ConfigError(f"{where}.EMA_DEVICE=gpu needs config.MACHINE.DEVICE=gpu; on a CPU "
+                          f"run set {where}.EMA_DEVICE=cpu")
+    if not isinstance(ema.UPDATE_ITER, int) or ema.UPDATE_ITER < 1:
+        raise ConfigError(f"{where}.UPDATE_ITER must be an integer >= 1, got {ema.UPDATE_ITER!r}")
+    for key in ("DECAY", "WARMUP"):
+        if not 0.0 <= ema[key] <= 1.0:
+            raise ConfigError(f"{where}.{key} must be in [0, 1], got {ema[key]}")
+    if ema.ENABLE_EMA_METERS and not cfg.TEST_MODEL:
+        raise ConfigError(f"{where}.ENABLE_EMA_METERS=true computes the meters of the test "
+                          "phases with the average: it needs config.TEST_MODEL=true")
+
+
 def derive_settings(cfg: AttrDict) -> AttrDict:
     """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations."""
     _check_choices(cfg)
@@ -133,6 +158,7 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     for split in ("TRAIN", "TEST"):  # DATASET_NAMES -> paths, before the phases are checked
         resolve_dataset_names(cfg, split)
     _check_phases(cfg)
+    _check_ema_model(cfg)
     _derive_loss_settings(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     from ssl_engine.optimizers import apply_auto_lr_scaling

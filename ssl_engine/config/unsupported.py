@@ -37,8 +37,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MULTI_PROCESSING_METHOD": "processes are always started with spawn",
     "config.REPRODUCIBILITY.CUDDN_DETERMINISTIC": "deterministic cuDNN is not implemented",
     # HOOKS
-    "config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL": "the EMA model hook is not implemented",
-    "config.HOOKS.EMA_MODEL.ENABLE_EMA_METERS": "the EMA model hook is not implemented",
     "config.HOOKS.MEMORY_SUMMARY.PRINT_MEMORY_SUMMARY": also(
         _NO_CPU + "the CUDA memory summary is not printed; set it to false", False),
     "config.HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION":

@@ -6,6 +6,7 @@ from ssl_engine.config import ConfigError
 from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
 from ssl_engine.hooks.checkpoint_hook import CheckpointHook
 from ssl_engine.hooks.collapse_monitor_hook import CollapseMonitorHook
+from ssl_engine.hooks.ema_model_hook import EmaModelHook
 from ssl_engine.hooks.feature_report_hook import FeatureReportHook
 from ssl_engine.hooks.frozen_params_hook import FrozenParamsHook
 from ssl_engine.hooks.knn_hook import KnnEvalHook
@@ -13,8 +14,9 @@ from ssl_engine.hooks.log_hooks import LogLossLrEtaHook
 from ssl_engine.hooks.perf_hooks import ModelComplexityHook, PerfStatsHook
 from ssl_engine.hooks.registry import HOOK_REGISTRY, register_hook
 from ssl_engine.hooks.tensorboard_hook import TensorboardHook
+from ssl_engine.models.ema import ema_model_enabled
 
-__all__ = ["CheckpointHook", "CollapseMonitorHook", "FeatureReportHook", "FrozenParamsHook", "KnnEvalHook",
+__all__ = ["CheckpointHook", "CollapseMonitorHook", "EmaModelHook", "FeatureReportHook", "FrozenParamsHook", "KnnEvalHook",
            "LogLossLrEtaHook", "ModelComplexityHook", "PerfStatsHook", "SSLClassyHookFunctions",
            "SSLHook", "TensorboardHook", "default_hook_generator", "register_hook"]
 
@@ -23,7 +25,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     """The hooks every run gets: logging, checkpoints (when training), then TensorBoard, the
     online k-NN evaluation, the final feature report, the collapse monitor (self-supervised
     training) and temporarily frozen parameters when asked, the step timings
-    (HOOKS.PERF_STATS) and the model's flops (HOOKS.MODEL_COMPLEXITY), then the loss's own,
+    (HOOKS.PERF_STATS) and the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
+    weights (HOOKS.EMA_MODEL), then the loss's own,
     then the registered hooks named in HOOKS.EXTRA_HOOKS."""
     hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
     if not cfg.TEST_ONLY:
@@ -48,6 +51,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     if cfg.HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY:
         hooks.append(ModelComplexityHook(cfg.HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE,
                                          cfg.CHECKPOINT.DIR))
+    if ema_model_enabled(cfg):
+        hooks.append(EmaModelHook.from_config(cfg))
     return hooks + loss_hooks(cfg) + extra_hooks(cfg)
 
 

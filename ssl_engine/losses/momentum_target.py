@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import torch
 
+from ssl_engine.models.ema import ema_update_
 from ssl_engine.trainer.amp import float32_outputs
 
 with warnings.catch_warnings():
@@ -99,13 +100,11 @@ class MomentumTargetLoss(ClassyLoss):
         """One EMA step of the target's parameters towards ``online`` (the base model) with the
         momentum of update ``step`` of ``total``.  Buffers (batch-norm statistics) are the
         target's own."""
-        momentum = self.momentum_at(step, total)
         online_params = dict(online.named_parameters())
-        names = [name for name, _ in self.target_network.named_parameters()]
-        targets = [param for _, param in self.target_network.named_parameters()]
-        sources = [online_params[name].detach() for name in names]
-        torch._foreach_mul_(targets, momentum)
-        torch._foreach_add_(targets, sources, alpha=1.0 - momentum)
+        named = list(self.target_network.named_parameters())
+        ema_update_([param for _, param in named],
+                    [online_params[name].detach() for name, _ in named],
+                    self.momentum_at(step, total))
 
     def get_target_output(self) -> torch.Tensor:
         if self.target_output is None:

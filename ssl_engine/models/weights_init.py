@@ -94,6 +94,20 @@ def flatten_engine_state(state: Mapping[str, Any], path: Any = "the file",
     return dict(state)
 
 
+def _nested_entry(contents: Any, key_name: str) -> Any:
+    """``contents[key_name]``, or for a dotted name not among the file's keys the entry at
+    that path (``classy_state_dict.ema_model``: the average of HOOKS.EMA_MODEL); None if absent."""
+    if not key_name or not isinstance(contents, Mapping):
+        return None
+    if key_name in contents:
+        return contents[key_name]
+    for part in key_name.split("."):
+        if not isinstance(contents, Mapping) or part not in contents:
+            return None
+        contents = contents[part]
+    return contents
+
+
 def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False) -> Dict[str, torch.Tensor]:
     """The file's state dict in the model's key names: a model state's keys as they are, a
     plain state dict's mapped by REMOVE_PREFIX then APPEND_PREFIX; VISSL's names then read as
@@ -104,8 +118,9 @@ def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False) -> Dict[str, 
     contents = load_checkpoint(path, mmap=mmap)
     key_name = weights_cfg.get("STATE_DICT_KEY_NAME") or ""
     used_key = ""
-    if key_name and key_name in contents:
-        contents, used_key = contents[key_name], key_name
+    nested = _nested_entry(contents, key_name)
+    if nested is not None:
+        contents, used_key = nested, key_name
     elif key_name:
         logger.info("%s: %s has no key '%s'; using the whole file as the state dict",
                     WHERE, path, key_name)

@@ -65,6 +65,7 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
         from ssl_engine.config import ConfigError
         from ssl_engine.losses import LOSS_REGISTRY
         from ssl_engine.losses.momentum_target import MomentumTargetLoss
+        from ssl_engine.models.ema import ema_model_enabled
 
         why = None
         if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
@@ -80,6 +81,10 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
                    "network (MoCo, BYOL, DINO) are not supported with FSDP yet; use DDP "
                    "(TRAINER.TASK_NAME=self_supervision_task), with OPTIMIZER.use_zero=true "
                    "to shard the optimizer state")
+        elif ema_model_enabled(cfg):
+            why = ("config.HOOKS.EMA_MODEL (SAVE_EMA_MODEL or ENABLE_EMA_METERS on): the "
+                   "average of sharded weights is not supported yet; use DDP "
+                   "(TRAINER.TASK_NAME=self_supervision_task)")
         if why:
             raise ConfigError(f"TRAINER.TASK_NAME=self_supervision_fsdp_task with {why}")
 

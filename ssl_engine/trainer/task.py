@@ -18,22 +18,10 @@ from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
 from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.classy import ClassyTask, register_task
+from ssl_engine.utils.device import to_device
 from ssl_engine.utils.distributed import get_rank, get_world_size
 
 logger = logging.getLogger(__name__)
-
-
-def _to_device(obj, device: torch.device, non_blocking: bool, channels_last: bool = False):
-    if torch.is_tensor(obj):
-        obj = obj.to(device, non_blocking=non_blocking)
-        if channels_last and obj.dim() == 4:
-            obj = obj.contiguous(memory_format=torch.channels_last)
-        return obj
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device, non_blocking, channels_last) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(v, device, non_blocking, channels_last) for v in obj)
-    return obj
 
 
 @register_task("self_supervision_task")
@@ -57,6 +45,7 @@ class SelfSupervisionTask(ClassyTask):
         self.train = not config.TEST_ONLY
         self.train_step_fn = get_train_step(config.TRAINER.TRAIN_STEP_NAME)
         self.base_model = self.model = self.loss = self.optimizer = None
+        self.ema_model = None  # HOOKS.EMA_MODEL's average of the weights (models/ema.py)
         self.meters: List[Any] = []
         self.datasets: Dict[str, Any] = {}
         self.data_iterator = None
@@ -115,6 +104,7 @@ class SelfSupervisionTask(ClassyTask):
         if uses_sharded_ddp(cfg) and not cfg.TEST_ONLY:  # its wrapper needs the optimizer
             self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
+        self.ema_model = self._build_ema_model()
         self.loss = build_loss(cfg.LOSS).to(self.device)
         if hasattr(self.loss, "bind_model"):  # e.g. a momentum target copied from the model
             self.loss.bind_model(self.base_model)
@@ -130,6 +120,17 @@ class SelfSupervisionTask(ClassyTask):
         # updates per epoch: a last, shorter group of micro-batches still makes an update
         self.num_train_iters_per_epoch = -(-batches // self.accumulation_steps)
         self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
+
+    def _build_ema_model(self):
+        """HOOKS.EMA_MODEL: the average of the weights kept beside the model (a copy of the
+        initial weights), when training with SAVE_EMA_MODEL or ENABLE_EMA_METERS on."""
+        from ssl_engine.models.ema import ModelEMA, ema_model_enabled
+
+        ema_cfg = self.config.HOOKS.EMA_MODEL
+        if not ema_model_enabled(self.config):
+            return None
+        device = self.device if ema_cfg.EMA_DEVICE == "gpu" else torch.device("cpu")
+        return ModelEMA(self.base_model, ema_cfg.DECAY, device)
 
     def _start_from_vissl_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
         """A VISSL training checkpoint found when resuming: its model weights (trunk and
@@ -248,7 +249,7 @@ class SelfSupervisionTask(ClassyTask):
         return self
 
     def to_device(self, batch):
-        return _to_device(batch, self.device, non_blocking=self.device.type == "cuda",
+        return to_device(batch, self.device, non_blocking=self.device.type == "cuda",
                           channels_last=bool(self.config.MODEL.CHANNELS_LAST))
 
     def train_step(self) -> None:
@@ -285,6 +286,8 @@ class SelfSupervisionTask(ClassyTask):
             "loss_terms": [{k: float(v) for k, v in t.items()} for t in self.loss_terms],
             "amp_grad_scaler": self.amp.state_dict(),
         }
+        if self.ema_model is not None:
+            state["ema_model"] = self.ema_model.get_classy_state()
         if deep_copy:
             import copy
 
@@ -298,6 +301,13 @@ class SelfSupervisionTask(ClassyTask):
         if state.get("loss") and hasattr(self.loss, "set_classy_state"):
             self.loss.set_classy_state(state["loss"])
         self.amp.load_state_dict(state.get("amp_grad_scaler") or {})
+        if self.ema_model is not None:
+            if state.get("ema_model") is not None:
+                self.ema_model.set_classy_state(state["ema_model"])
+            else:
+                self.ema_model.set(self.base_model)
+                logger.warning("the checkpoint holds no EMA model (HOOKS.EMA_MODEL was off): "
+                               "the average starts from the restored weights")
         self.iteration = state["iteration"]
         if state["phase_complete"]:
             self.phase_idx, self.train_phase_idx = state["phase_idx"], state["train_phase_idx"]

@@ -1,0 +1,17 @@
+"""Moving nested batches and outputs between devices."""
+import torch
+
+
+def to_device(obj, device: torch.device, non_blocking: bool = False, channels_last: bool = False):
+    """``obj`` (a tensor, or lists / tuples / dicts of them) on ``device``; 4-d tensors in the
+    channels-last layout when asked."""
+    if torch.is_tensor(obj):
+        obj = obj.to(device, non_blocking=non_blocking)
+        if channels_last and obj.dim() == 4:
+            obj = obj.contiguous(memory_format=torch.channels_last)
+        return obj
+    if isinstance(obj, dict):
+        return {k: to_device(v, device, non_blocking, channels_last) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device, non_blocking, channels_last) for v in obj)
+    return obj
