@@ -28,16 +28,17 @@ def setup_logging(output_dir: Optional[str], rank: int = 0) -> None:
         root.addHandler(handler)
 
 
-class _CurrentStderrHandler(logging.StreamHandler):
-    """Writes to ``sys.stderr`` as it is when a record comes (one swapped in later, e.g. by a
-    test's capture, is followed; a closed one is never kept)."""
+class _CurrentStreamHandler(logging.StreamHandler):
+    """Writes to ``sys.stdout`` or ``sys.stderr`` as it is when a record comes (one swapped in
+    later, e.g. by a test's capture, is followed; a closed one is never kept)."""
 
-    def __init__(self):
-        super().__init__(sys.stderr)
+    def __init__(self, name: str):
+        self._stream_name = name
+        super().__init__(getattr(sys, name))
 
     @property
     def stream(self):
-        return sys.stderr
+        return getattr(sys, self._stream_name)
 
     @stream.setter
     def stream(self, value):
@@ -46,20 +47,28 @@ class _CurrentStderrHandler(logging.StreamHandler):
 
 @contextlib.contextmanager
 def launcher_logging():
-    """INFO and above of the launching process on stderr until an engine sets up its own
-    logging (``setup_logging``, which replaces this handler); the root logger's handlers and
-    level are as before afterwards, so that calling the launcher in a process leaves no trace."""
+    """What the launching process logs before an engine sets up its own logging
+    (``setup_logging``, which replaces these handlers): INFO on stdout, warnings and errors on
+    stderr. The root logger's handlers and level are as before afterwards, so that calling the
+    launcher in a process leaves no trace."""
     root = logging.getLogger()
     level = root.level
-    handler = _CurrentStderrHandler()
-    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
-    handler.setLevel(logging.INFO)
-    handler._ssl_engine = True
-    root.addHandler(handler)
+    formatter = logging.Formatter(_FORMAT, datefmt="%H:%M:%S")
+    info, problems = _CurrentStreamHandler("stdout"), _CurrentStreamHandler("stderr")
+    info.setLevel(logging.INFO)
+    info.addFilter(lambda record: record.levelno < logging.WARNING)
+    problems.setLevel(logging.WARNING)
+    handlers = (info, problems)
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        handler._ssl_engine = True
+        root.addHandler(handler)
     root.setLevel(min(level, logging.INFO) if level else logging.INFO)
     try:
         yield
     finally:
-        if handler in root.handlers:  # no engine replaced it
-            root.removeHandler(handler)
+        if any(handler in root.handlers for handler in handlers):  # no engine replaced them
+            for handler in handlers:
+                if handler in root.handlers:
+                    root.removeHandler(handler)
             root.setLevel(level)
