@@ -159,10 +159,15 @@ def reason_of(message: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("tree", nargs="?", default="/work/shared/vissl/configs/config")
+    parser.add_argument("tree", nargs="?", default=str(REPO.parent / "shared/vissl/configs/config"),
+                        help="VISSL's configs/config folder")
     parser.add_argument("--top", type=int, default=15, help="reasons shown")
     parser.add_argument("--hydra", action="store_true", help="compose through Hydra (slower)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more override for every file (string values), e.g. "
+                             "config.DISTRIBUTED.BACKEND=gloo")
     args = parser.parse_args(argv)
+    OVERRIDES.extend(args.override)
 
     from ssl_engine.config import AttrDict, ConfigError, compose_config
     from ssl_engine.config.compose import load_defaults
