@@ -48,3 +48,20 @@ def test_unsupported_combinations_are_refused_before_launch(tmp_path, override, 
     with pytest.raises(ConfigError, match=message):
         check_before_launch(engine, cfg)
 
+
+
+def test_zero_and_fsdp_agree_in_bfloat16(tmp_path):
+    """Two ways of sharding 2 processes, with bfloat16 autocast and channels_last on: the same
+    per-rank computation, so the same losses and weights.  (Both equal 1 process in float32,
+    tested above and in test_zero.py; ZeRO with channels_last weights did not: fairscale's
+    broadcast scrambled them, so sharded runs keep the weights contiguous.)"""
+    bf16 = COMMON + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2", "config.OPTIMIZER.num_epochs=1",
+                     "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4", "config.MODEL.CHANNELS_LAST=true",
+                     "config.MODEL.AMP_PARAMS.USE_AMP=true"]
+    run_engine(tmp_path / "zero", bf16 + ["config.OPTIMIZER.use_zero=true"])
+    run_engine(tmp_path / "fsdp", bf16 + ["config.TRAINER.TASK_NAME=self_supervision_fsdp_task"])
+    assert step_losses(tmp_path / "fsdp") == pytest.approx(step_losses(tmp_path / "zero"),
+                                                           rel=1e-5)
+    zero, fsdp = final_weights(tmp_path / "zero"), final_weights(tmp_path / "fsdp")
+    for name, value in zero.items():
+        torch.testing.assert_close(fsdp[name], value, rtol=1e-5, atol=1e-6, msg=name)
