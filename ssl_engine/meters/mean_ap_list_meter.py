@@ -1,13 +1,15 @@
 """Mean average precision of multi-label predictions, one meter per model output."""
 import warnings
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Dict, Sequence
 
 import torch
 import torch.distributed as dist
 
+from ssl_engine.meters.list_meter import ListMeter
+
 with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
     warnings.simplefilter("ignore")
-    from classy_vision.meters import ClassyMeter, register_meter
+    from classy_vision.meters import register_meter
 
 
 def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -61,7 +63,8 @@ class _MeanAP:
             raise ValueError(f"mean_ap_list_meter holds {stored} samples, more than "
                              f"METERS.mean_ap_list_meter.max_cpu_capacity={self.max_samples}")
 
-    def sync(self) -> None:
+    def sync_state(self) -> None:
+        """Every rank gets the rows every rank has seen since the last sync."""
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, self.local)
@@ -77,27 +80,31 @@ class _MeanAP:
         valid = [ap for ap in per_class if ap >= 0]
         return (sum(valid) / len(valid) if valid else 0.0), per_class
 
+    def get_classy_state(self) -> Dict[str, Any]:
+        return {"synced": self.synced, "local": self.local}
+
+    def set_classy_state(self, state: Dict[str, Any]) -> None:
+        self.synced, self.local = state["synced"], state["local"]
+
 
 @register_meter("mean_ap_list_meter")
-class MeanAPListMeter(ClassyMeter):
+class MeanAPListMeter(ListMeter):
     """Multi-label mean AP per model output. ``update(output, target)``: ``output`` one
     [N, num_classes] score tensor per meter, ``target`` [N, num_classes] with 1 (present),
     0 (absent), -1 (unknown, not counted). ``value``: ``{"mAP": {meter_name: percent},
     "AP": {meter_name: [AP per class in [0, 1], -1 for a class without positives]}}``.
     Every score is kept until the phase ends (``max_cpu_capacity`` > 0 bounds them)."""
 
+    meter_name = "mean_ap_list_meter"
+
     def __init__(self, num_classes: int, num_meters: int = 1, meter_names: Sequence[str] = (),
                  max_cpu_capacity: int = -1):
-        super().__init__()
         if num_classes < 1 or num_meters < 1:
             raise ValueError("METERS.mean_ap_list_meter needs num_classes >= 1 and num_meters "
                              f">= 1, got num_classes={num_classes}, num_meters={num_meters}")
-        meter_names = [str(name) for name in meter_names] or [str(i) for i in range(num_meters)]
-        if len(meter_names) != num_meters:
-            raise ValueError(f"METERS.mean_ap_list_meter.meter_names has {len(meter_names)} "
-                             f"names for num_meters={num_meters}")
-        self.num_classes, self.num_meters, self.meter_names = num_classes, num_meters, meter_names
-        self._meters = [_MeanAP(num_classes, int(max_cpu_capacity)) for _ in range(num_meters)]
+        super().__init__([_MeanAP(num_classes, int(max_cpu_capacity)) for _ in range(num_meters)],
+                         meter_names)
+        self.num_classes = num_classes
 
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "MeanAPListMeter":
@@ -107,48 +114,10 @@ class MeanAPListMeter(ClassyMeter):
                    max_cpu_capacity=int(config.get("max_cpu_capacity", -1)))
 
     @property
-    def name(self) -> str:
-        return "mean_ap_list_meter"
-
-    @property
     def value(self) -> Dict[str, Dict[str, Any]]:
         values = [meter.value() for meter in self._meters]
         return {"mAP": {name: 100.0 * v[0] for name, v in zip(self.meter_names, values)},
                 "AP": {name: v[1] for name, v in zip(self.meter_names, values)}}
-
-    def update(self, model_output: Union[torch.Tensor, List[torch.Tensor]],
-               target: torch.Tensor, **kwargs) -> None:
-        outputs = [model_output] if isinstance(model_output, torch.Tensor) else list(model_output)
-        if len(outputs) != self.num_meters:
-            raise ValueError(f"mean_ap_list_meter has num_meters={self.num_meters} but the model "
-                             f"gave {len(outputs)} output(s); set "
-                             "METERS.mean_ap_list_meter.num_meters")
-        for meter, output in zip(self._meters, outputs):
-            meter.update(output.detach(), target.detach())
-
-    def sync_state(self) -> None:
-        """Every rank gets the rows every rank has seen since the last sync."""
-        for meter in self._meters:
-            meter.sync()
-
-    def reset(self) -> None:
-        for meter in self._meters:
-            meter.reset()
-
-    def validate(self, model_output_shape, target_shape) -> None:
-        pass
-
-    def get_classy_state(self) -> Dict[str, Any]:
-        return {"name": self.name, "meter_names": list(self.meter_names),
-                "meters": [{"synced": m.synced, "local": m.local} for m in self._meters]}
-
-    def set_classy_state(self, state: Dict[str, Any]) -> None:
-        if state.get("name") != self.name or list(state.get("meter_names", [])) != self.meter_names:
-            raise ValueError(f"meter state of '{state.get('name')}' with names "
-                             f"{state.get('meter_names')} does not fit {self.name} with names "
-                             f"{self.meter_names}")
-        for meter, meter_state in zip(self._meters, state["meters"]):
-            meter.synced, meter.local = meter_state["synced"], meter_state["local"]
 
     def __repr__(self) -> str:
         parts = [f"mAP[{name}]={value:.2f}" for name, value in self.value["mAP"].items()]
