@@ -113,9 +113,16 @@ def test_bad_choice_and_device():
     _, cfg = compose_config([QUICK, "config.MACHINE.DEVICE=tpu"])
     with pytest.raises(ConfigError, match="config.MACHINE.DEVICE='tpu' is not one of cpu, gpu"):
         derive_settings(cfg)
-    _, cfg = compose_config([QUICK, "config.DISTRIBUTED.BACKEND=nccl"])
-    with pytest.raises(ConfigError, match="nccl needs config.MACHINE.DEVICE=gpu"):
+
+
+def test_nccl_on_a_cpu_run_uses_gloo_with_a_warning(caplog):
+    _, cfg = compose_config([QUICK, "config.DISTRIBUTED.BACKEND=nccl", "config.MACHINE.DEVICE=cpu"])
+    with caplog.at_level("WARNING", logger="ssl_engine.config.derive"):
         derive_settings(cfg)
+    assert cfg.DISTRIBUTED.BACKEND == "gloo"
+    assert [r.getMessage() for r in caplog.records] == [
+        "config.DISTRIBUTED.BACKEND=nccl needs GPUs; this run has config.MACHINE.DEVICE=cpu "
+        "and uses gloo instead"]
 
 
 def test_derived_backend_and_absolute_dir():

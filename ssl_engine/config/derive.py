@@ -67,7 +67,10 @@ def _derive_device_and_backend(cfg: AttrDict) -> None:
     if backend == "auto":
         cfg.DISTRIBUTED.BACKEND = "nccl" if use_gpu else "gloo"
     elif backend == "nccl" and not use_gpu:
-        raise ConfigError("config.DISTRIBUTED.BACKEND=nccl needs config.MACHINE.DEVICE=gpu")
+        # VISSL's configs name nccl; on a CPU run (config.MACHINE.DEVICE=cpu) only gloo can work
+        logger.warning("config.DISTRIBUTED.BACKEND=nccl needs GPUs; this run has "
+                       "config.MACHINE.DEVICE=cpu and uses gloo instead")
+        cfg.DISTRIBUTED.BACKEND = "gloo"
 
 
 def _check_phases(cfg: AttrDict) -> None:
