@@ -1,21 +1,33 @@
 """How many of VISSL's own config files the engine accepts, and why it refuses the others.
 
     python extra_scripts/vissl_config_coverage.py [VISSL_CONFIG_TREE] [--top 15] [--hydra]
+        [--catalog FILE] [--any-dataset] [--override config.KEY=VALUE ...]
 
 For every .yaml under VISSL's config tree (default /work/shared/vissl/configs/config) the file
 is composed as a VISSL user runs it, over this engine's defaults.yaml, with
 ``config.MACHINE.DEVICE=cpu``, then checked as before a launch: keys and types, unsupported
 VISSL settings (ssl_engine/config/unsupported.py), derived settings and combinations, and the
 names of the components it asks for (trunk, heads, loss, meters, collators, data sources,
-transforms, task, train step) against the engine's registries. Data paths and dataset catalog
-entries are not looked up (no data is needed).
+transforms, task, train step) against the engine's registries, the trunk's settings and the
+task's own checks: what the launcher refuses from the config alone
+(``check_config_before_launch``). Data paths are not opened (no data is needed).
 
-Pairing: files in a folder named models, transforms, dataset, datasets, optimization or
-optimizers are fragments that VISSL's docs add to a base config with
-``config=<base> +config/<folder>=<file>``; each is composed over the first config file (by name)
-of the nearest folder above it that holds config files, as in VISSL's benchmark instructions
-(e.g. benchmark/fulltune/cifar10/models/resnet50 over benchmark/fulltune/cifar10/<its config>).
-Fragments with no such base are composed alone.
+Pairing: a file that names no data (no DATA_SOURCES or DATASET_NAMES for TRAIN or TEST), or that
+sits in a folder whose name ends with "dataset(s)" (a data setting such as
+semi_sup_datasets/...), is a fragment that VISSL's docs add to a base config with ``config=<base> +config/<folder>=<file>``
+(a model, transforms, optimizer or head setting). It is composed over the first base file (by
+name) of the nearest folder above it that holds base files, as in VISSL's benchmark instructions
+(e.g. benchmark/fulltune/cifar10/models/resnet50 over benchmark/fulltune/cifar10/<its config>),
+or else after the first file that names data in a ``dataset``/``datasets`` folder beside one of
+the folders above it (fairness/extract_label_predictions/models/... after .../datasets/...).
+Fragments with neither are composed alone. Files that have no ``config:`` section at all are not
+engine configs (detectron2's files for VISSL's object-detection benchmark) and are counted apart.
+
+Catalog: DATASET_NAMES are looked up in the dataset catalog that VISSL's tree ships
+(``<tree>/dataset_catalog.json``; ``--catalog`` names another), as a VISSL user's run does; the
+paths it gives are not opened. ``--any-dataset`` adds a placeholder entry for every other name
+the tree uses (VISSL's shipped catalog lacks its internal datasets), to show what refuses
+those files next.
 
 Composition: VISSL's files are ``# @package _global_`` files without defaults lists, so by default
 the script merges them with OmegaConf the way Hydra does (dicts merged, lists replaced), which
@@ -26,6 +38,7 @@ ten times slower) to confirm the two agree.
 """
 import argparse
 import collections
+import os
 import re
 import shutil
 import sys
@@ -36,27 +49,70 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-FRAGMENT_FOLDERS = {"models", "transforms", "dataset", "datasets", "optimization", "optimizers"}
-OVERRIDES = ["config.MACHINE.DEVICE=cpu"]
+DATASET_FOLDER_ENDINGS = ("dataset", "datasets")  # e.g. semi_sup_datasets: data fragments
+BASE_OVERRIDES = ("config.MACHINE.DEVICE=cpu",)
+ENV_SET = ("SSL_ENGINE_DATASET_CATALOG_PATH", "SSL_ENGINE_CONFIG_DIR")  # restored after a run
+OVERRIDES = list(BASE_OVERRIDES)  # and --override, set by main()
+
+
+def _load(path: Path):
+    """The file as plain data (PyYAML keeps the last of duplicated keys, as detectron2 does)."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except Exception:  # noqa: BLE001  (unreadable: reported by the composition)
+        return None
+
+
+def _names_data(data) -> bool:
+    cfg = data.get("config") if isinstance(data, dict) else None
+    splits = ((cfg or {}).get("DATA") or {}) if isinstance(cfg, dict) else {}
+    return any(isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
+                                                      or splits[split].get("DATASET_NAMES"))
+               for split in ("TRAIN", "TEST"))
 
 
 def config_names(root: Path):
-    """(name, [hydra arguments]) of every config file: base files alone, fragments over a base."""
-    out = []
+    """(name, [hydra arguments]) of every engine config file, base files alone and fragments
+    over a base; and the names of the files that are not engine configs."""
+    rels, bases, with_data, foreign = [], set(), set(), []
     for path in sorted(root.rglob("*.yaml")):
         rel = path.relative_to(root).with_suffix("")
-        if rel.parent.name not in FRAGMENT_FOLDERS:
+        data = _load(path)
+        if isinstance(data, dict) and "config" not in data and "defaults" not in data:
+            foreign.append(str(rel))
+            continue
+        rels.append(rel)
+        if _names_data(data):
+            with_data.add(rel)
+            if not rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS):
+                bases.add(rel)
+
+    def first_base(folder: Path, among=bases):
+        found = sorted(r for r in among if r.parent == folder)
+        return found[0] if found else None
+
+    out = []
+    for rel in rels:
+        if rel in bases:
             out.append((str(rel), [f"config={rel}"]))
             continue
-        base = None
+        args = []
         for folder in rel.parents[1:]:
-            files = sorted(p for p in (root / folder).glob("*.yaml"))
-            if files:
-                base = files[0].relative_to(root).with_suffix("")
+            base = first_base(folder)
+            if base is not None:
+                args = [f"config={base}"]
                 break
-        args = [f"config={base}"] if base else []
+            dataset = next((b for name in ("dataset", "datasets")
+                            for b in [first_base(folder / name, with_data)] if b is not None
+                            and folder / name not in rel.parents), None)
+            if dataset is not None:
+                args = [f"config={dataset}"]
+                break
         out.append((str(rel), args + [f"+config/{rel.parent}={rel.name}"]))
-    return out
+    return out, foreign
 
 
 def _merge(into: dict, update: dict) -> None:
@@ -93,52 +149,39 @@ def compose_fast(root: Path, args, defaults):
         node = merged
         for part in parents:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # e.g. an empty "MACHINE:" in the file
+                raise ConfigError(f"Could not override '{key}': {part} is not a mapping "
+                                  "in the composed config")
         node[last] = value
     return merged
 
 
-def check_names(cfg) -> None:
-    """The component names a config asks for, looked up in the engine's registries."""
-    import ssl_engine.data  # noqa: F401  (registers data sources, transforms, collators)
-    import ssl_engine.losses  # noqa: F401
-    import ssl_engine.meters  # noqa: F401
-    import ssl_engine.models  # noqa: F401
-    import ssl_engine.trainer  # noqa: F401  (registers the tasks)
-    from ssl_engine.config import ConfigError
-    from ssl_engine.data.registry import COLLATOR_REGISTRY, DATASOURCE_REGISTRY, TRANSFORM_REGISTRY
-    from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
-    from ssl_engine.losses import LOSS_REGISTRY
-    from ssl_engine.meters import METER_REGISTRY
-    from ssl_engine.trainer.train_steps import TRAIN_STEP_REGISTRY
-    from ssl_engine.utils.classy import TASK_REGISTRY
+def complete_catalog(root: Path, names, catalog) -> str:
+    """A temporary catalog: ``catalog``'s entries plus, for every DATASET_NAMES entry of the
+    tree's files that it lacks, placeholder folders (never opened)."""
+    import json
 
-    def need(registry, name, kind):
-        if name not in registry:
-            raise ConfigError(f"no {kind} named '{name}'")
+    entries = json.loads(Path(catalog).read_text()) if catalog else {}
+    for name, _ in names:
+        cfg = (_load(root / f"{name}.yaml") or {}).get("config") or {}
+        for split in ("TRAIN", "TEST"):
+            data = ((cfg.get("DATA") or {}).get(split) or {}) if isinstance(cfg, dict) else {}
+            for dataset in data.get("DATASET_NAMES") or []:
+                entries.setdefault(str(dataset), {
+                    part: [f"/placeholder/{dataset}/{part}", "<unused>"]
+                    for part in ("train", "val")})
+    handle, path = tempfile.mkstemp(prefix="dataset_catalog_", suffix=".json")
+    with os.fdopen(handle, "w") as f:
+        json.dump(entries, f)
+    return path
 
-    def heads(params):
-        for item in params or []:
-            if item and isinstance(item[0], str):
-                yield item[0]
-            elif item and isinstance(item[0], list):
-                yield from heads(item)
 
-    need(MODEL_TRUNKS, cfg["MODEL"]["TRUNK"]["NAME"], "trunk")
-    for name in heads(cfg["MODEL"]["HEAD"]["PARAMS"]):
-        need(MODEL_HEADS, name, "head")
-    if cfg["LOSS"]["name"] and not cfg["MODEL"]["FEATURE_EVAL_SETTINGS"]["FREEZE_TRUNK_AND_HEAD"]:
-        need(LOSS_REGISTRY, cfg["LOSS"]["name"], "loss")
-    for name in cfg["METERS"]["names"]:
-        need(METER_REGISTRY, name, "meter")
-    for split in ("TRAIN", "TEST"):
-        data = cfg["DATA"][split]
-        need(COLLATOR_REGISTRY, data["COLLATE_FUNCTION"], "collator")
-        for source in data["DATA_SOURCES"]:
-            need(DATASOURCE_REGISTRY, source, "data source")
-        for spec in data["TRANSFORMS"]:
-            need(TRANSFORM_REGISTRY, spec.get("name"), "transform")
-    need(TASK_REGISTRY, cfg["TRAINER"]["TASK_NAME"], "task")
-    need(TRAIN_STEP_REGISTRY, cfg["TRAINER"]["TRAIN_STEP_NAME"], "train step")
+def check_names(engine_name: str, cfg) -> None:
+    """What the launcher refuses from the config alone: the component names it asks for, the
+    trunk's settings and the task's own checks (not the data paths or output folders)."""
+    from ssl_engine.engines.launcher import check_config_before_launch
+
+    check_config_before_launch(engine_name, cfg)
 
 
 def reason_of(message: str) -> str:
@@ -148,7 +191,7 @@ def reason_of(message: str) -> str:
         (r"^(config\.[\w.]+)=.* is not supported", r"unsupported \1"),
         (r"^unknown config key '([^']+)'", r"unknown key \1"),
         (r"^config key '([^']+)' expects", r"wrong type \1"),
-        (r"^no (.+) named '([^']+)'", r"no \1 \2"),
+        (r"^config\.[\w.\[\]]+=(.+?): no (.+?) is registered under this name", r"no \2 \1"),
     ]
     for pattern, repl in patterns:
         match = re.match(pattern, message)
@@ -166,9 +209,31 @@ def main(argv=None) -> int:
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="one more override for every file (string values), e.g. "
                              "config.DISTRIBUTED.BACKEND=gloo")
+    parser.add_argument("--catalog", help="dataset catalog JSON (default: the tree's "
+                        "dataset_catalog.json, when it has one)")
+    parser.add_argument("--any-dataset", action="store_true",
+                        help="add a placeholder catalog entry for every DATASET_NAMES the tree "
+                             "uses that the catalog lacks (the next refusals behind the data)")
     args = parser.parse_args(argv)
-    OVERRIDES.extend(args.override)
+    OVERRIDES[:] = [*BASE_OVERRIDES, *args.override]
+    import logging
 
+    saved_env = {var: os.environ.get(var) for var in ENV_SET}
+    saved_level = logging.getLogger("ssl_engine").level
+    logging.getLogger("ssl_engine").setLevel(logging.ERROR)  # per-file warnings (nccl -> gloo)
+    try:
+        return measure(args)
+    finally:
+        logging.getLogger("ssl_engine").setLevel(saved_level)
+        for var, value in saved_env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+def measure(args) -> int:
+    """Compose and check every file of ``args.tree``; print the table."""
     from ssl_engine.config import AttrDict, ConfigError, compose_config
     from ssl_engine.config.compose import load_defaults
     from ssl_engine.config.derive import derive_settings
@@ -177,11 +242,18 @@ def main(argv=None) -> int:
     root = Path(args.tree).resolve()
     schema = load_defaults()
     schema.pop("defaults", None)
-    names = config_names(root)
+    names, foreign = config_names(root)
+    catalog = args.catalog or (str(root / "dataset_catalog.json")
+                               if (root / "dataset_catalog.json").is_file() else None)
+    tmp_catalog = None
+    if args.any_dataset:
+        tmp_catalog = complete_catalog(root, names, catalog)
+        catalog = f"{catalog or 'none'} + a placeholder for every other name"
+        os.environ["SSL_ENGINE_DATASET_CATALOG_PATH"] = tmp_catalog
+    elif catalog:
+        os.environ["SSL_ENGINE_DATASET_CATALOG_PATH"] = str(Path(catalog).resolve())
     tmp = None
     if args.hydra:
-        import os
-
         tmp = Path(tempfile.mkdtemp(prefix="vissl_configs_"))
         shutil.copytree(root, tmp / "config")
         shutil.copy(REPO / "configs/config/defaults.yaml", tmp / "config/defaults.yaml")
@@ -194,13 +266,14 @@ def main(argv=None) -> int:
         for name, hydra_args in names:
             try:
                 if args.hydra:
-                    _, cfg = compose_config(hydra_args + OVERRIDES)
+                    engine_name, cfg = compose_config(hydra_args + OVERRIDES)
                 else:
                     composed = compose_fast(root, hydra_args, schema)
                     validate_config(composed, schema)
+                    engine_name = composed.get("engine_name", "train")
                     cfg = AttrDict(composed["config"])
                 derive_settings(cfg)
-                check_names(cfg)
+                check_names(engine_name, cfg)
                 accepted += 1
             except (ConfigError, KeyError, TypeError, ValueError) as err:
                 text = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
@@ -210,8 +283,13 @@ def main(argv=None) -> int:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if tmp_catalog is not None:
+            os.unlink(tmp_catalog)
     total = len(names)
-    print(f"{total} config files under {root} ({time.perf_counter() - start:.0f} s)")
+    print(f"{total + len(foreign)} config files under {root} ({time.perf_counter() - start:.0f} s)")
+    print(f"  not engine configs:   {len(foreign)} (no config: section; e.g. {foreign[0]})"
+          if foreign else "  not engine configs:   0")
+    print(f"  engine configs:       {total} (dataset catalog: {catalog or 'none'})")
     print(f"  compose and validate: {accepted}")
     print(f"  refused:              {total - accepted} ({len(reasons)} reasons)")
     print(f"\n{'files':>5}  reason (first refusal of each file)  [example]")

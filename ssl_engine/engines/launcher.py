@@ -72,11 +72,10 @@ def holds_run_lock(cfg: AttrDict) -> bool:
     return cfg.DISTRIBUTED.NODE_ID == 0
 
 
-def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
-    """Everything that can be refused before a process starts: every registered name the
-    config refers to (engine, task, train step, components), the trunk's settings, another live
-    run in CHECKPOINT.DIR, then the engine's own checks (data paths, output folders, the files
-    it will load)."""
+def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
+    """The refusals that need the config only (no files): every registered name the config
+    refers to (engine, task, train step, components), the trunk's settings and the task's own
+    checks."""
     from ssl_engine.config.registered_names import check_registered_names
     from ssl_engine.models.trunks import check_trunk_config
     from ssl_engine.trainer.train_steps import get_train_step
@@ -84,13 +83,21 @@ def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     from ssl_engine.utils.registry import lookup
 
     check_registered_names(engine_name, cfg)  # every component the config names exists
-    engine = get_engine(engine_name)
+    get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     check_trunk_config(cfg.MODEL)
     task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
     check_task = getattr(task_class, "check_config", None)  # a task's own refusals
     if check_task is not None:
         check_task(cfg)
+
+
+def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
+    """Everything that can be refused before a process starts: the config's own checks
+    (``check_config_before_launch``), another live run in CHECKPOINT.DIR, then the engine's own
+    checks (data paths, output folders, the files it will load)."""
+    check_config_before_launch(engine_name, cfg)
+    engine = get_engine(engine_name)
     if holds_run_lock(cfg):
         check_unlocked(cfg.CHECKPOINT.DIR)
     check = getattr(engine, "check_before_launch", None)

@@ -1,0 +1,79 @@
+"""extra_scripts/vissl_config_coverage.py on a small VISSL-style tree the test writes: which
+files compose and validate, how fragments pair with their base, how refusals are grouped."""
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+DATA = """  DATA:
+    NUM_DATALOADER_WORKERS: 0
+    TRAIN: {{DATA_SOURCES: [{source}], DATASET_NAMES: [{name}], BATCHSIZE_PER_REPLICA: 4}}
+  DISTRIBUTED: {{BACKEND: nccl}}
+  TEST_MODEL: false
+"""
+TREE = {
+    # bases (they name data); the first by name is the base of the fragments below
+    "bench/a_synthetic": DATA.format(source="synthetic", name="synthetic_set"),
+    "bench/b_catalog": DATA.format(source="disk_folder", name="my_folder"),
+    "bench/c_not_in_catalog": DATA.format(source="disk_folder", name="in_no_catalog"),
+    "bench/d_unsupported": DATA.format(source="synthetic", name="x")
+    + "  CLUSTERFIT: {NUM_CLUSTERS: 100}\n",
+    # fragments: composed over bench/a_synthetic
+    "bench/models/resnet101": "  MODEL: {TRUNK: {NAME: resnet, RESNETS: {DEPTH: 101}}}\n",
+    "bench/models_fine/swin": "  MODEL: {TRUNK: {NAME: swin_transformer}}\n",
+    "bench/models/typo": "  MODEL: {TRUNK: {RESNET: {DEPTH: 101}}}\n",
+    "bench/semi_sup_datasets/per01": DATA.format(source="synthetic", name="subset"),
+}
+
+
+def run_script(tmp_path, capsys, *args):
+    spec = importlib.util.spec_from_file_location(
+        "vissl_config_coverage", REPO / "extra_scripts/vissl_config_coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = tmp_path / "config"
+    for name, body in TREE.items():
+        path = root / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# @package _global_\nconfig:\n{body}")
+    (root / "detection").mkdir()
+    (root / "detection/d2.yaml").write_text("_BASE_: base.yaml\nMODEL: {WEIGHTS: x.pkl}\n")
+    (root / "dataset_catalog.json").write_text(json.dumps(
+        {"my_folder": {"train": ["/nowhere/train", ""], "val": ["/nowhere/val", ""]}}))
+    before = {var: os.environ.get(var) for var in module.ENV_SET}
+    assert module.main([str(root), "--top", "20", *args]) == 0
+    assert {var: os.environ.get(var) for var in module.ENV_SET} == before  # set for the run only
+    return module, capsys.readouterr().out
+
+
+def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
+    module, out = run_script(tmp_path, capsys)
+    assert "9 config files under" in out
+    assert "not engine configs:   1 (no config: section; e.g. detection/d2)" in out
+    assert "engine configs:       8" in out
+    # a_synthetic, b_catalog (its name found in the tree's catalog, nccl -> gloo on the CPU),
+    # models/resnet101 and semi_sup_datasets/per01 over a_synthetic
+    assert "compose and validate: 4" in out
+    assert "refused:              4 (4 reasons)" in out
+    lines = [line.strip() for line in out.splitlines()]
+    assert "1  config.MODEL.TRUNK.NAME=swin_transformer  [bench/models_fine/swin]" in lines
+    assert "1  unknown key config.MODEL.TRUNK.RESNET  [bench/models/typo]" in lines
+    assert any(line.startswith("1  unsupported config.CLUSTERFIT.NUM_CLUSTERS") for line in lines)
+    assert any(line.startswith("1  config.DATA.TRAIN.DATASET_NAMES[N]='in_no_catalog' is not in")
+               for line in lines)
+    names, foreign = module.config_names(tmp_path / "config")
+    pairs = dict(names)
+    assert foreign == ["detection/d2"]
+    assert pairs["bench/models_fine/swin"] == ["config=bench/a_synthetic",
+                                               "+config/bench/models_fine=swin"]
+    assert pairs["bench/semi_sup_datasets/per01"] == ["config=bench/a_synthetic",
+                                                      "+config/bench/semi_sup_datasets=per01"]
+    assert pairs["bench/b_catalog"] == ["config=bench/b_catalog"]
+
+
+def test_any_dataset_adds_placeholders_for_names_the_catalog_lacks(tmp_path, capsys):
+    _, out = run_script(tmp_path, capsys, "--any-dataset")
+    assert "compose and validate: 5" in out  # c_not_in_catalog too
+    assert "in_no_catalog" not in out
