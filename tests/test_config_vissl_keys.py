@@ -67,6 +67,9 @@ VISSL_TREE = {
                   None),
     "benchmark/svm": ("  SVM: {costs: {costs_list: [0.5]}}",
                       "config.SVM.costs.costs_list=[0.5] is not supported: VISSL's SVM tool"),
+    "data/everstore": ("  DATA: {TRAIN: {DATA_SOURCES: [everstore], LABEL_SOURCES: [disk_filelist]}}",
+                       "config.DATA.TRAIN.DATA_SOURCES=everstore is not supported: everstore is an "
+                       "image store internal"),
     "global/version": ("  MULTI_PROCESSING_METHOD: forkserver\nVERSION: 1", None),
 }
 

@@ -155,4 +155,8 @@ UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
         "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
                             "for one output)",
     },
+    **{f"config.DATA.*.{key}": {
+        name: f"{name} is an image store internal to VISSL's authors; give the images as "
+              "disk_folder or disk_filelist (DATA_PATHS, or a dataset catalog entry)"
+        for name in ("everstore", "airstore")} for key in ("DATA_SOURCES", "LABEL_SOURCES")},
 }
