@@ -21,6 +21,9 @@ _OPEN = re.compile("|".join(fnmatch.translate(p) for p in OPEN_SUBTREES))
 INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
 # Keys that take a number or the word "inf" (VISSL's NORM_TYPE of clipping: inf is the max-norm).
 NUMBER_OR_INF = ("config.MODEL.GRAD_CLIP.NORM_TYPE",)
+# Keys whose default false means "off" and that take a number otherwise (a string such as
+# "1e-5", which YAML 1.1 reads as a string, as well).
+NUMBER_OR_FALSE = ("config.MODEL.TRUNK.BEIT.INIT_VALUES", "config.MODEL.TRUNK.BEIT.QK_SCALE")
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
 # or another scheduled parameter), while the keys of the known sub-sections are still checked.
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
@@ -75,6 +78,19 @@ def _kind(value: Any) -> str:
     if isinstance(value, dict):
         return "dict"
     return type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float (not a bool), or a string that reads as one."""
+    if _kind(value) in ("int", "float"):
+        return True
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _article(kind: str) -> str:
@@ -172,6 +188,8 @@ def _check_value(path: str, default: Any, value: Any) -> None:
     if path in INT_OR_AUTO and (value == "auto" or _kind(value) == "int"):
         return
     if path in NUMBER_OR_INF and value == "inf":
+        return
+    if path in NUMBER_OR_FALSE and _is_number(value):
         return
     if not _type_ok(default, value):
         raise ConfigError(

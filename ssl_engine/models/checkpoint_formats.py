@@ -7,7 +7,11 @@ VISSL keeps the same ``classy_state_dict -> base_model -> model -> {trunk, heads
 but its ResNet trunk holds its layers in ``_feature_blocks`` (``_feature_blocks.conv1.weight``),
 under ``base_model._feature_blocks.`` when the trunk was wrapped for feature evaluation, and
 its ``eval_mlp`` head keeps its linear layers in ``clf.clf.`` where ours has ``mlp.clf.``.
-Every other head key (mlp, swav_head, dino_head) is spelt alike.
+Every other head key (mlp, swav_head, dino_head) is spelt alike.  VISSL's beit and convnext
+trunks have no ``_feature_blocks``: their keys (``cls_token``, ``blocks.0.attn.qkv.weight``,
+``stages.0.0.dwconv.weight`` ...) are those of this engine's trunks of the same names, under
+``base_model.`` in a feature-evaluation checkpoint; they are written to VISSL's layout as they
+are (``VISSL_TOP_LEVEL_TRUNK_NAMES``).
 
 Conversions here are exact (tensors are shared, not changed) and refuse, with one message that
 names the missing and unexpected keys, a state that does not fit the layout asked for.
@@ -19,6 +23,11 @@ import torchvision
 
 FEATURE_BLOCKS = "_feature_blocks."
 FEATURE_EXTRACTOR = "base_model."
+# first parts of the keys of VISSL trunks held at the trunk's top level, not in
+# _feature_blocks, which this engine's trunk of the same name spells alike (beit, convnext)
+VISSL_TOP_LEVEL_TRUNK_NAMES = frozenset({
+    "cls_token", "pos_embed", "patch_embed", "rel_pos_bias", "blocks", "norm",
+    "downsample_layers", "stages"})
 VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
 MAX_NAMED = 10
 
@@ -46,17 +55,24 @@ def key_mismatch_message(what: str, missing, unexpected, reshaped=()) -> str:
 
 # ------------------------------------------------------------------ key names, one at a time
 def is_vissl_trunk_key(key: str) -> bool:
-    return key.startswith(FEATURE_BLOCKS) or key.startswith(FEATURE_EXTRACTOR + FEATURE_BLOCKS)
+    """A key under ``_feature_blocks.`` or under ``base_model.`` (VISSL's feature-evaluation
+    wrapper of any trunk)."""
+    return key.startswith(FEATURE_BLOCKS) or key.startswith(FEATURE_EXTRACTOR)
 
 
 def trunk_key_from_vissl(key: str) -> str:
-    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``; others unchanged."""
-    if key.startswith(FEATURE_EXTRACTOR + FEATURE_BLOCKS):
+    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``,
+    ``base_model.blocks.0.norm1.weight`` -> ``blocks.0.norm1.weight``; others unchanged."""
+    if key.startswith(FEATURE_EXTRACTOR):
         key = key[len(FEATURE_EXTRACTOR):]
     return key[len(FEATURE_BLOCKS):] if key.startswith(FEATURE_BLOCKS) else key
 
 
 def trunk_key_to_vissl(key: str) -> str:
+    """``conv1.weight`` -> ``_feature_blocks.conv1.weight``; a key VISSL's trunk holds at its
+    top level (``VISSL_TOP_LEVEL_TRUNK_NAMES``: ``blocks.0.norm1.weight``) unchanged."""
+    if key.partition(".")[0] in VISSL_TOP_LEVEL_TRUNK_NAMES:
+        return key
     return FEATURE_BLOCKS + key
 
 
@@ -98,19 +114,23 @@ def model_key_to_vissl(key: str) -> str:
 
 # ------------------------------------------------------------------ whole model states
 def is_vissl_model_state(model_state: Mapping[str, Any]) -> bool:
-    """Whether ``{trunk, heads}`` is in VISSL's names: a trunk key in ``_feature_blocks`` (this
-    engine's trunks have none; model_state_from_vissl refuses any key outside it)."""
+    """Whether ``{trunk, heads}`` is in VISSL's names: a trunk key under ``_feature_blocks.`` or
+    ``base_model.``. (A VISSL beit trunk's keys outside ``base_model.`` are this engine's
+    names already: such a state reads as this engine's.)"""
     return any(is_vissl_trunk_key(key) for key in model_state.get("trunk") or {})
 
 
 def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
     """VISSL's ``{trunk, heads}`` in this engine's names. Refuses a trunk with keys outside
-    ``_feature_blocks`` (not a VISSL ResNet-style trunk), naming them."""
+    ``_feature_blocks.`` and ``base_model.`` that VISSL's top-level trunks (beit, convnext) do
+    not have, naming them."""
     trunk = dict(model_state.get("trunk") or {})
-    outside = [key for key in trunk if not is_vissl_trunk_key(key)]
+    outside = [key for key in trunk if not is_vissl_trunk_key(key)
+               and key.partition(".")[0] not in VISSL_TOP_LEVEL_TRUNK_NAMES]
     if not trunk or outside:
         raise CheckpointFormatError(key_mismatch_message(
-            "the trunk is not in VISSL's layout (every key under _feature_blocks.)",
+            "the trunk is not in VISSL's layout (every key under _feature_blocks. or "
+            "base_model., or a beit or convnext trunk's)",
             [] if trunk else [f"{FEATURE_BLOCKS}*"], outside))
     return {"trunk": {trunk_key_from_vissl(k): v for k, v in trunk.items()},
             "heads": {head_key_from_vissl(k): v for k, v in (model_state.get("heads") or {}).items()}}
