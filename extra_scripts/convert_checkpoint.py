@@ -1,16 +1,20 @@
 #!/usr/bin/env python
 """Convert model weights between this engine's checkpoints, VISSL's and torchvision's ResNets.
 
-    python extra_scripts/convert_checkpoint.py to-vissl        OURS.torch   VISSL.torch
-    python extra_scripts/convert_checkpoint.py from-vissl      VISSL.torch  OURS.torch
+    python extra_scripts/convert_checkpoint.py to-vissl        OURS.torch   VISSL.torch [--trunk T]
+    python extra_scripts/convert_checkpoint.py from-vissl      VISSL.torch  OURS.torch  [--trunk T]
     python extra_scripts/convert_checkpoint.py to-torchvision  OURS.torch   resnet50.pth
     python extra_scripts/convert_checkpoint.py from-torchvision resnet50.pth OURS.torch
 
 Only model weights are converted (trunk and heads; torchvision: the trunk), tensors unchanged:
 
 - to-vissl: a consolidated VISSL checkpoint (``classy_state_dict -> base_model -> model ->
-  {trunk, heads}``, trunk keys under ``_feature_blocks.``), with the phase and iteration of the
-  source; VISSL loads it with STATE_DICT_KEY_NAME=classy_state_dict.
+  {trunk, heads}``, trunk keys as VISSL's trunk of that name spells them: a ResNet's under
+  ``_feature_blocks.``), with the phase and iteration of the source; VISSL loads it with
+  STATE_DICT_KEY_NAME=classy_state_dict. The trunk is the one the checkpoint's config names
+  (``--trunk`` overrides); a vision_transformer (timm's names) is refused.
+- from-vissl: ``--trunk`` names the trunk (default resnet): a ResNet's ``_feature_blocks.`` is
+  taken off, other trunks' names are VISSL's already.
 - from-vissl / from-torchvision: a file this engine loads as MODEL.WEIGHTS_INIT.PARAMS_FILE
   (the defaults apply). torchvision's ``fc.*`` is left out (no head).
 - to-torchvision: (from this engine's or VISSL's checkpoint) the trunk of a ResNet-18/34/50/101/152 at width 1 with the standard stem,
@@ -24,6 +28,7 @@ with one message naming the missing and unexpected keys; nothing is written.
 import argparse
 import sys
 from pathlib import Path
+from typing import Optional
 
 from ssl_engine.models import checkpoint_formats as formats
 from ssl_engine.utils.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
@@ -31,32 +36,44 @@ from ssl_engine.utils.checkpoint import CheckpointError, atomic_torch_save, load
 POSITION_KEYS = ("phase_idx", "train_phase_idx", "iteration", "iteration_num")
 
 
-def to_vissl(source: dict) -> dict:
+def trunk_name_of(source: dict) -> Optional[str]:
+    """MODEL.TRUNK.NAME of the config saved in this engine's checkpoints (None without one)."""
+    return (((source.get("config") or {}).get("MODEL") or {}).get("TRUNK") or {}).get("NAME")
+
+
+def to_vissl(source: dict, trunk: Optional[str] = None) -> dict:
+    """This engine's checkpoint in VISSL's layout of its trunk (``trunk`` or the one its config
+    names; a file without either is taken for a ResNet)."""
     model_state = formats.model_state_of(source)
-    if formats.is_vissl_model_state(model_state):
-        raise formats.CheckpointFormatError("the file is already in VISSL's layout (trunk keys "
-                                            "under _feature_blocks.)")
-    trunk_name = (((source.get("config") or {}).get("MODEL") or {}).get("TRUNK") or {}).get("NAME")
-    if trunk_name not in (None, "resnet", "beit", "convnext"):
+    trunk = trunk or trunk_name_of(source)
+    prefix = formats.trunk_vissl_layout(trunk)
+    if prefix is None:
         raise formats.CheckpointFormatError(
-            f"only ResNet, BEiT and ConvNeXt trunks have a VISSL layout here; this checkpoint's trunk is "
-            f"'{trunk_name}' (MODEL.TRUNK.NAME)")
+            f"this checkpoint's trunk '{trunk}' (MODEL.TRUNK.NAME) has no VISSL layout here: its "
+            "parameter names are not VISSL's")
+    if formats.ENGINE_CHECKPOINT_KEYS[0] not in source and prefix \
+            and formats.is_vissl_model_state(model_state, prefix):
+        raise formats.CheckpointFormatError("the file is already in VISSL's layout (trunk keys "
+                                            f"under {prefix})")
     position = {key: source[key] for key in POSITION_KEYS if key in source}
-    return formats.vissl_checkpoint(model_state, **position)
+    return formats.vissl_checkpoint(model_state, prefix, **position)
 
 
-def from_vissl(source: dict) -> dict:
-    return formats.engine_checkpoint(formats.model_state_from_vissl(formats.model_state_of(source)))
+def from_vissl(source: dict, trunk: Optional[str] = None) -> dict:
+    """A VISSL checkpoint of a ``trunk`` (default: a ResNet) as this engine's weights file."""
+    prefix = formats.vissl_key_prefix(trunk or "resnet")
+    return formats.engine_checkpoint(
+        formats.model_state_from_vissl(formats.model_state_of(source), prefix))
 
 
-def to_torchvision(source: dict) -> dict:
+def to_torchvision(source: dict, trunk: Optional[str] = None) -> dict:
     model_state = formats.model_state_of(source)
     if formats.is_vissl_model_state(model_state):  # a VISSL checkpoint converts as well
         model_state = formats.model_state_from_vissl(model_state)
     return formats.trunk_to_torchvision(model_state)[0]
 
 
-def from_torchvision(source: dict) -> dict:
+def from_torchvision(source: dict, trunk: Optional[str] = None) -> dict:
     return formats.engine_checkpoint(formats.model_state_from_torchvision(source)[0])
 
 
@@ -64,10 +81,10 @@ CONVERSIONS = {"to-vissl": to_vissl, "from-vissl": from_vissl,
                "to-torchvision": to_torchvision, "from-torchvision": from_torchvision}
 
 
-def convert(direction: str, source: Path, target: Path) -> None:
+def convert(direction: str, source: Path, target: Path, trunk: Optional[str] = None) -> None:
     """Write the conversion of ``source`` to ``target``; raises CheckpointError (unreadable or
     unsafe file) or CheckpointFormatError (keys that do not fit)."""
-    converted = CONVERSIONS[direction](load_checkpoint(source))
+    converted = CONVERSIONS[direction](load_checkpoint(source), trunk)
     atomic_torch_save(converted, target)
 
 
@@ -76,9 +93,11 @@ def main(argv=None) -> int:
     parser.add_argument("direction", choices=sorted(CONVERSIONS))
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
+    parser.add_argument("--trunk", help="MODEL.TRUNK.NAME of the weights (to-vissl: default the "
+                        "one the checkpoint's config names; from-vissl: default resnet)")
     args = parser.parse_args(argv)
     try:
-        convert(args.direction, args.source, args.target)
+        convert(args.direction, args.source, args.target, args.trunk)
     except (CheckpointError, formats.CheckpointFormatError) as err:
         print(f"error: {args.source}: {err}", file=sys.stderr)
         return 2

@@ -230,3 +230,41 @@ def test_a_vissl_checkpoint_that_does_not_convert_is_refused_before_launch(tmp_p
         tmp_path / "model_phase4.torch")
     with pytest.raises(CheckpointFormatError, match=r"unexpected keys \(1\): extra.weight"):
         check_resume_files(cfg)
+
+
+def test_trunks_named_as_vissl_names_them_load_resume_and_convert_unchanged(tmp_path):
+    """A RegNet holds VISSL's own names (its _feature_blocks included): this engine's checkpoint
+    of it is not taken for VISSL's, loads as WEIGHTS_INIT, and converts to VISSL's layout and
+    back with its names unchanged."""
+    from ssl_engine.models.checkpoint_formats import is_vissl_checkpoint, vissl_key_prefix
+
+    _, cfg = load_config(["config=test/quick_simclr_synthetic", "config.MODEL.TRUNK.NAME=regnet",
+                          "config.MODEL.TRUNK.REGNET.depth=6", "config.MODEL.TRUNK.REGNET.w_0=8",
+                          "config.MODEL.TRUNK.REGNET.w_a=8.0", "config.MODEL.TRUNK.REGNET.w_m=2.0",
+                          "config.MODEL.TRUNK.REGNET.group_width=8",
+                          "config.MODEL.TRUNK.REGNET.stem_width=8",
+                          "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,8]}]]"])
+    assert vissl_key_prefix("regnet") == "" and vissl_key_prefix("resnet") == "_feature_blocks."
+    torch.manual_seed(2)
+    model = build_model(cfg.MODEL)
+    state = model.get_classy_state()["model"]
+    assert all(key.startswith("_feature_blocks.") for key in state["trunk"])
+    checkpoint = {"phase_idx": 0, "iteration": 4, "rng_states": [], "config": cfg.to_dict(),
+                  "classy_state_dict": {"base_model": model.get_classy_state()}}
+    assert not is_vissl_checkpoint(checkpoint)  # resumed as this engine's, exactly
+    torch.save(checkpoint, tmp_path / "ours.torch")
+    torch.manual_seed(3)
+    fresh = build_model(cfg.MODEL)
+    report = load_weights_init(fresh, weights_cfg(tmp_path / "ours.torch"))
+    assert not report.missing and not report.unexpected
+    assert_same_state(fresh.trunk.state_dict(), state["trunk"])
+
+    script = load_script()
+    assert script.main(["to-vissl", str(tmp_path / "ours.torch"), str(tmp_path / "vissl.torch")]) == 0
+    vissl = load_checkpoint(tmp_path / "vissl.torch")
+    assert is_vissl_checkpoint(vissl)
+    assert_same_state(vissl["classy_state_dict"]["base_model"]["model"]["trunk"], state["trunk"])
+    assert script.main(["from-vissl", "--trunk", "regnet", str(tmp_path / "vissl.torch"),
+                        str(tmp_path / "back.torch")]) == 0
+    back = load_checkpoint(tmp_path / "back.torch")["classy_state_dict"]["base_model"]["model"]
+    assert_same_state(back["trunk"], state["trunk"])

@@ -15,7 +15,8 @@ from ssl_engine.config.unsupported import UNSUPPORTED_NAMES
 from ssl_engine.config.validate import validate_config
 from ssl_engine.models import build_model
 from ssl_engine.models.checkpoint_formats import (is_vissl_checkpoint, load_vissl_model_weights,
-                                                  model_state_from_vissl, vissl_checkpoint)
+                                                  model_state_from_vissl, vissl_checkpoint,
+                                                  vissl_key_prefix)
 from ssl_engine.models.trunks.beit import _relative_position_bias, relative_position_index
 from ssl_engine.models.weights_init import load_weights_init
 
@@ -211,7 +212,8 @@ def test_vissl_checkpoints_of_a_linear_evaluation_and_of_pretraining_load(tmp_pa
     heads = [["eval_mlp", {"in_channels": 2 * D, "dims": [2 * D, 5]}]]
     source = make_model(seed=3, heads=heads)
     state = source.get_classy_state()["model"]
-    written = vissl_checkpoint(state)
+    prefix = vissl_key_prefix("beit")
+    written = vissl_checkpoint(state, prefix)
     # VISSL's beit holds its keys at the trunk's top level: written as they are
     assert sorted(written["classy_state_dict"]["base_model"]["model"]["trunk"]) == \
         sorted(state["trunk"])
@@ -220,7 +222,7 @@ def test_vissl_checkpoints_of_a_linear_evaluation_and_of_pretraining_load(tmp_pa
     vissl_model = written["classy_state_dict"]["base_model"]["model"]
     vissl_model["trunk"] = {f"base_model.{k}": v for k, v in vissl_model["trunk"].items()}
     assert is_vissl_checkpoint(written)
-    assert sorted(model_state_from_vissl(vissl_model)["trunk"]) == sorted(state["trunk"])
+    assert sorted(model_state_from_vissl(vissl_model, prefix)["trunk"]) == sorted(state["trunk"])
     target = make_model(seed=4, heads=heads, QKV_BIAS=True)
     load_vissl_model_weights(target, written)
     x = images()

@@ -10,7 +10,8 @@ import yaml
 
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.models import build_model
-from ssl_engine.models.checkpoint_formats import load_vissl_model_weights, vissl_checkpoint
+from ssl_engine.models.checkpoint_formats import (load_vissl_model_weights, vissl_checkpoint,
+                                                  vissl_key_prefix)
 
 with open(Path(__file__).resolve().parents[1] / "configs/config/defaults.yaml") as f:
     DEFAULT_MODEL_CFG = AttrDict(yaml.safe_load(f)["config"]["MODEL"])
@@ -86,7 +87,7 @@ def test_names_shape_and_output_equal_a_forward_written_out():
     assert out.shape == (2, DIMS[-1])
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     # a VISSL feature-evaluation checkpoint (trunk under base_model.) loads as it is
-    written = vissl_checkpoint(model.get_classy_state()["model"])
+    written = vissl_checkpoint(model.get_classy_state()["model"], vissl_key_prefix("convnext"))
     vissl_model = written["classy_state_dict"]["base_model"]["model"]
     assert sorted(vissl_model["trunk"]) == sorted(vissl_convnext_keys())
     vissl_model["trunk"] = {f"base_model.{k}": v for k, v in vissl_model["trunk"].items()}

@@ -15,10 +15,10 @@ from ssl_engine.utils.logger import setup_logging
 def check_resume_files(cfg) -> None:
     """The file the run will start from loads: the latest checkpoint of CHECKPOINT.DIR when
     AUTO_RESUME finds one (a checkpoint of this engine, or one of VISSL whose trunk keys are
-    all in VISSL's layout), else MODEL.WEIGHTS_INIT.PARAMS_FILE.
+    in VISSL's layout of the config's trunk), else MODEL.WEIGHTS_INIT.PARAMS_FILE.
     The tensors are mapped, not read: this costs little even for large files."""
     from ssl_engine.models.checkpoint_formats import (is_vissl_checkpoint, model_state_from_vissl,
-                                                      model_state_of)
+                                                      model_state_of, vissl_key_prefix)
     from ssl_engine.models.weights_init import check_weights_file
 
     if cfg.CHECKPOINT.AUTO_RESUME:
@@ -29,7 +29,8 @@ def check_resume_files(cfg) -> None:
                     f"the latest checkpoint of config.CHECKPOINT.DIR={cfg.CHECKPOINT.DIR} is not "
                     f"one of this engine (no classy_state_dict; keys: {sorted(checkpoint)[:10]})")
             if is_vissl_checkpoint(checkpoint):  # its weights start the run (task.prepare)
-                model_state_from_vissl(model_state_of(checkpoint))
+                model_state_from_vissl(model_state_of(checkpoint),
+                                       vissl_key_prefix(cfg.MODEL.TRUNK.NAME))
             return  # a resumed run does not read WEIGHTS_INIT
     check_weights_file(cfg.MODEL.WEIGHTS_INIT)
 

@@ -1,17 +1,20 @@
 """Model weights in other layouts: VISSL's checkpoints and torchvision's ResNet state dicts.
 
-This engine's model state is ``{"trunk": {...}, "heads": {...}}`` with the ResNet trunk's keys
-named as in torchvision (``conv1.weight``, ``layer1.0.conv1.weight``; no ``fc``).
+This engine's model state is ``{"trunk": {...}, "heads": {...}}``. VISSL keeps the same
+``classy_state_dict -> base_model -> model -> {trunk, heads}`` nesting; how its trunk keys are
+spelt depends on the trunk, which each trunk class says with ``VISSL_KEY_PREFIX``:
 
-VISSL keeps the same ``classy_state_dict -> base_model -> model -> {trunk, heads}`` nesting,
-but its ResNet trunk holds its layers in ``_feature_blocks`` (``_feature_blocks.conv1.weight``),
-under ``base_model._feature_blocks.`` when the trunk was wrapped for feature evaluation, and
-its ``eval_mlp`` head keeps its linear layers in ``clf.clf.`` where ours has ``mlp.clf.``.
-Every other head key (mlp, swav_head, dino_head) is spelt alike.  VISSL's beit and convnext
-trunks have no ``_feature_blocks``: their keys (``cls_token``, ``blocks.0.attn.qkv.weight``,
-``stages.0.0.dwconv.weight`` ...) are those of this engine's trunks of the same names, under
-``base_model.`` in a feature-evaluation checkpoint; they are written to VISSL's layout as they
-are (``VISSL_TOP_LEVEL_TRUNK_NAMES``).
+- the ResNet trunk is named as in torchvision here (``conv1.weight``, ``layer1.0.conv1.weight``;
+  no ``fc``), while VISSL holds the same layers in ``_feature_blocks``
+  (``_feature_blocks.conv1.weight``): its prefix is ``_feature_blocks.``;
+- the other trunks (RegNet, EfficientNet, BEiT, ConvNeXt ...) are spelt as VISSL spells them
+  (some hold their own ``_feature_blocks``): their prefix is empty.
+
+A trunk that VISSL wrapped for feature evaluation has its keys under ``base_model.`` besides,
+and VISSL's ``eval_mlp`` head keeps its linear layers in ``clf.clf.`` where ours has
+``mlp.clf.``. Every other head key (mlp, swav_head, dino_head) is spelt alike. Whether a file
+is VISSL's is not read from its key names (the two agree for most trunks) but from what this
+engine writes into its own checkpoints (``rng_states``, ``config``).
 
 Conversions here are exact (tensors are shared, not changed) and refuse, with one message that
 names the missing and unexpected keys, a state that does not fit the layout asked for.
@@ -23,11 +26,6 @@ import torchvision
 
 FEATURE_BLOCKS = "_feature_blocks."
 FEATURE_EXTRACTOR = "base_model."
-# first parts of the keys of VISSL trunks held at the trunk's top level, not in
-# _feature_blocks, which this engine's trunk of the same name spells alike (beit, convnext)
-VISSL_TOP_LEVEL_TRUNK_NAMES = frozenset({
-    "cls_token", "pos_embed", "patch_embed", "rel_pos_bias", "blocks", "norm",
-    "downsample_layers", "stages"})
 VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
 MAX_NAMED = 10
 
@@ -54,26 +52,47 @@ def key_mismatch_message(what: str, missing, unexpected, reshaped=()) -> str:
 
 
 # ------------------------------------------------------------------ key names, one at a time
-def is_vissl_trunk_key(key: str) -> bool:
-    """A key under ``_feature_blocks.`` or under ``base_model.`` (VISSL's feature-evaluation
+def trunk_vissl_layout(trunk_name: Optional[str]) -> Optional[str]:
+    """The ``VISSL_KEY_PREFIX`` of the trunk class registered as ``trunk_name``: what VISSL puts
+    before its key names, or None when VISSL has no layout for it; ResNet's
+    (``_feature_blocks.``) when no name is known."""
+    from ssl_engine.models.registry import MODEL_TRUNKS
+
+    if trunk_name is None or trunk_name not in MODEL_TRUNKS.names():
+        return FEATURE_BLOCKS
+    return getattr(MODEL_TRUNKS.get(trunk_name), "VISSL_KEY_PREFIX", "")
+
+
+def vissl_key_prefix(trunk_name: Optional[str]) -> str:
+    """The prefix to read VISSL's keys of ``trunk_name`` with ("" when it has none)."""
+    return trunk_vissl_layout(trunk_name) or ""
+
+
+def model_key_prefix(model) -> str:
+    """``vissl_key_prefix`` of a built model (its ``trunk``'s class)."""
+    trunk = getattr(model, "trunk", None)
+    if trunk is None:
+        return FEATURE_BLOCKS
+    return getattr(type(trunk), "VISSL_KEY_PREFIX", FEATURE_BLOCKS) or ""
+
+
+def is_vissl_trunk_key(key: str, prefix: str = FEATURE_BLOCKS) -> bool:
+    """A key under VISSL's ``prefix`` or under ``base_model.`` (VISSL's feature-evaluation
     wrapper of any trunk)."""
-    return key.startswith(FEATURE_BLOCKS) or key.startswith(FEATURE_EXTRACTOR)
+    return key.startswith(FEATURE_EXTRACTOR) or bool(prefix) and key.startswith(prefix)
 
 
-def trunk_key_from_vissl(key: str) -> str:
-    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``,
-    ``base_model.blocks.0.norm1.weight`` -> ``blocks.0.norm1.weight``; others unchanged."""
+def trunk_key_from_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
+    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight`` (prefix
+    ``_feature_blocks.``); ``base_model.blocks.0.norm1.weight`` -> ``blocks.0.norm1.weight``
+    (any prefix); others unchanged."""
     if key.startswith(FEATURE_EXTRACTOR):
         key = key[len(FEATURE_EXTRACTOR):]
-    return key[len(FEATURE_BLOCKS):] if key.startswith(FEATURE_BLOCKS) else key
+    return key[len(prefix):] if prefix and key.startswith(prefix) else key
 
 
-def trunk_key_to_vissl(key: str) -> str:
-    """``conv1.weight`` -> ``_feature_blocks.conv1.weight``; a key VISSL's trunk holds at its
-    top level (``VISSL_TOP_LEVEL_TRUNK_NAMES``: ``blocks.0.norm1.weight``) unchanged."""
-    if key.partition(".")[0] in VISSL_TOP_LEVEL_TRUNK_NAMES:
-        return key
-    return FEATURE_BLOCKS + key
+def trunk_key_to_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
+    return prefix + key
 
 
 def head_key_from_vissl(key: str) -> str:
@@ -91,53 +110,51 @@ def head_key_to_vissl(key: str) -> str:
     return key
 
 
-def model_key_from_vissl(key: str) -> str:
+def model_key_from_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
     """A model-level key (``trunk.<k>`` / ``heads.<k>``, e.g. after VISSL's APPEND_PREFIX
     ``trunk._feature_blocks.`` or ``trunk.base_model._feature_blocks.``) in this engine's
     names; keys of neither part are returned unchanged."""
     part, _, rest = key.partition(".")
     if part == "trunk":
-        return f"trunk.{trunk_key_from_vissl(rest)}"
+        return f"trunk.{trunk_key_from_vissl(rest, prefix)}"
     if part == "heads":
         return f"heads.{head_key_from_vissl(rest)}"
     return key
 
 
-def model_key_to_vissl(key: str) -> str:
+def model_key_to_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
     part, _, rest = key.partition(".")
     if part == "trunk":
-        return f"trunk.{trunk_key_to_vissl(rest)}"
+        return f"trunk.{trunk_key_to_vissl(rest, prefix)}"
     if part == "heads":
         return f"heads.{head_key_to_vissl(rest)}"
     return key
 
 
 # ------------------------------------------------------------------ whole model states
-def is_vissl_model_state(model_state: Mapping[str, Any]) -> bool:
-    """Whether ``{trunk, heads}`` is in VISSL's names: a trunk key under ``_feature_blocks.`` or
-    ``base_model.``. (A VISSL beit trunk's keys outside ``base_model.`` are this engine's
-    names already: such a state reads as this engine's.)"""
-    return any(is_vissl_trunk_key(key) for key in model_state.get("trunk") or {})
+def is_vissl_model_state(model_state: Mapping[str, Any], prefix: str = FEATURE_BLOCKS) -> bool:
+    """Whether ``{trunk, heads}`` holds a trunk key that only VISSL's names have (under
+    ``prefix`` or ``base_model.``)."""
+    return any(is_vissl_trunk_key(key, prefix) for key in model_state.get("trunk") or {})
 
 
-def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
-    """VISSL's ``{trunk, heads}`` in this engine's names. Refuses a trunk with keys outside
-    ``_feature_blocks.`` and ``base_model.`` that VISSL's top-level trunks (beit, convnext) do
-    not have, naming them."""
+def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]],
+                           prefix: str = FEATURE_BLOCKS) -> dict:
+    """VISSL's ``{trunk, heads}`` in this engine's names. With a prefix (ResNet), refuses a
+    trunk with keys outside it and ``base_model.``, naming them."""
     trunk = dict(model_state.get("trunk") or {})
-    outside = [key for key in trunk if not is_vissl_trunk_key(key)
-               and key.partition(".")[0] not in VISSL_TOP_LEVEL_TRUNK_NAMES]
+    outside = [key for key in trunk if prefix and not is_vissl_trunk_key(key, prefix)]
     if not trunk or outside:
         raise CheckpointFormatError(key_mismatch_message(
-            "the trunk is not in VISSL's layout (every key under _feature_blocks. or "
-            "base_model., or a beit or convnext trunk's)",
-            [] if trunk else [f"{FEATURE_BLOCKS}*"], outside))
-    return {"trunk": {trunk_key_from_vissl(k): v for k, v in trunk.items()},
+            f"the trunk is not in VISSL's layout (every key under {prefix})",
+            [] if trunk else [f"{prefix}*"], outside))
+    return {"trunk": {trunk_key_from_vissl(k, prefix): v for k, v in trunk.items()},
             "heads": {head_key_from_vissl(k): v for k, v in (model_state.get("heads") or {}).items()}}
 
 
-def model_state_to_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
-    return {"trunk": {trunk_key_to_vissl(k): v for k, v in model_state["trunk"].items()},
+def model_state_to_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]],
+                         prefix: str = FEATURE_BLOCKS) -> dict:
+    return {"trunk": {trunk_key_to_vissl(k, prefix): v for k, v in model_state["trunk"].items()},
             "heads": {head_key_to_vissl(k): v for k, v in model_state["heads"].items()}}
 
 
@@ -160,10 +177,11 @@ def engine_checkpoint(model_state: Mapping[str, Any], **extra: Any) -> dict:
         "trunk": dict(model_state["trunk"]), "heads": dict(model_state["heads"])}}}}
 
 
-def vissl_checkpoint(model_state: Mapping[str, Any], **extra: Any) -> dict:
+def vissl_checkpoint(model_state: Mapping[str, Any], prefix: str = FEATURE_BLOCKS,
+                     **extra: Any) -> dict:
     """A consolidated VISSL checkpoint of ``model_state`` (this engine's names)."""
-    return {"type": "consolidated", **extra,
-            "classy_state_dict": {"base_model": {"model": model_state_to_vissl(model_state)}}}
+    return {"type": "consolidated", **extra, "classy_state_dict": {
+        "base_model": {"model": model_state_to_vissl(model_state, prefix)}}}
 
 
 # ------------------------------------------------------------------ torchvision ResNets
@@ -229,15 +247,23 @@ VISSL_RESUME_NOT_RESTORED = (
     "training position (the run starts at epoch 0 of its own schedule), RNG states, meters")
 
 
+ENGINE_CHECKPOINT_KEYS = ("rng_states", "config")  # written by this engine's checkpoint hook
+
+
 def is_vissl_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
-    """Whether a checkpoint holds a VISSL model state (its trunk keys in ``_feature_blocks``)."""
+    """Whether a training checkpoint is VISSL's: it holds a model state and none of what this
+    engine writes into its own (``ENGINE_CHECKPOINT_KEYS``)."""
+    if any(key in checkpoint for key in ENGINE_CHECKPOINT_KEYS):
+        return False
     try:
-        return is_vissl_model_state(model_state_of(checkpoint))
+        model_state_of(checkpoint)
     except CheckpointFormatError:
         return False
+    return True
 
 
 def load_vissl_model_weights(model: torch.nn.Module, checkpoint: Mapping[str, Any]) -> None:
     """Copy a VISSL checkpoint's trunk and heads into ``model`` (a BaseSSLMultiInputOutputModel
     of the same architecture); any missing, extra or reshaped key raises ValueError naming it."""
-    model.set_classy_state({"model": model_state_from_vissl(model_state_of(checkpoint))})
+    state = model_state_from_vissl(model_state_of(checkpoint), model_key_prefix(model))
+    model.set_classy_state({"model": state})

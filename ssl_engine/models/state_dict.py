@@ -4,6 +4,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
+MAX_NAMED = 10  # keys named per kind of difference; the count says how many there are
+
 
 def state_dict_mismatches(module: nn.Module, state: Mapping[str, torch.Tensor]) -> str:
     """A readable list of the differences between ``module.state_dict()`` and ``state``."""
@@ -19,7 +21,8 @@ def state_dict_mismatches(module: nn.Module, state: Mapping[str, torch.Tensor]) 
     for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
                          ("shape mismatches", reshaped)):
         if items:
-            problems.append(f"{title} ({len(items)}): {', '.join(items)}")
+            more = f", ... ({len(items) - MAX_NAMED} more)" if len(items) > MAX_NAMED else ""
+            problems.append(f"{title} ({len(items)}): {', '.join(items[:MAX_NAMED])}{more}")
     return "; ".join(problems)
 
 

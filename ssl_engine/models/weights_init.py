@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Mapping
 import torch
 from torch import nn
 
-from ssl_engine.models.checkpoint_formats import model_key_from_vissl, model_key_to_vissl
+from ssl_engine.models.checkpoint_formats import (FEATURE_BLOCKS, model_key_from_vissl,
+                                                  model_key_prefix, model_key_to_vissl)
 from ssl_engine.utils.checkpoint import load_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -108,10 +109,12 @@ def _nested_entry(contents: Any, key_name: str) -> Any:
     return contents
 
 
-def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False) -> Dict[str, torch.Tensor]:
+def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False,
+               vissl_prefix: str = FEATURE_BLOCKS) -> Dict[str, torch.Tensor]:
     """The file's state dict in the model's key names: a model state's keys as they are, a
-    plain state dict's mapped by REMOVE_PREFIX then APPEND_PREFIX; VISSL's names then read as
-    this engine's. ``mmap=True`` maps the tensors instead of reading them (for checks)."""
+    plain state dict's mapped by REMOVE_PREFIX then APPEND_PREFIX; VISSL's names (the trunk's
+    ``vissl_prefix``, ``base_model.``, eval_mlp's ``clf.clf.``) then read as this engine's.
+    ``mmap=True`` maps the tensors instead of reading them (for checks)."""
     path = Path(str(weights_cfg.get("PARAMS_FILE")))
     if not path.is_file():
         raise FileNotFoundError(f"{WHERE}.PARAMS_FILE {path} does not exist")
@@ -135,7 +138,7 @@ def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False) -> Dict[str, 
     for key, value in state.items():
         if remove and key.startswith(remove):
             key = key[len(remove):]
-        mapped[model_key_from_vissl(append + key)] = value
+        mapped[model_key_from_vissl(append + key, vissl_prefix)] = value
     return mapped
 
 
@@ -159,13 +162,14 @@ def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> Weigh
     """
     if not weights_cfg.get("PARAMS_FILE"):
         raise WeightsInitError(f"{WHERE}.PARAMS_FILE is empty: nothing to load")
-    state = read_state(weights_cfg)
+    prefix = model_key_prefix(model)
+    state = read_state(weights_cfg, vissl_prefix=prefix)
     skip_layers = [str(s) for s in weights_cfg.get("SKIP_LAYERS") or [] if str(s)]
     targets = model.state_dict()
     report = WeightsInitReport(str(weights_cfg.get("PARAMS_FILE")))
     report.missing = [key for key in targets if key not in state]
     for key in state:
-        if any(pattern in key or pattern in model_key_to_vissl(key) for pattern in skip_layers):
+        if any(pattern in key or pattern in model_key_to_vissl(key, prefix) for pattern in skip_layers):
             report.skipped.append(key)
         elif key in targets:
             report.loaded.append(key)

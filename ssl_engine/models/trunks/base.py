@@ -14,6 +14,10 @@ class StagedTrunk(nn.Module):
 
     stage_dims: Dict[str, int]
     default_out_feat_key: str
+    # what VISSL's trunk of the same name puts before these parameter names in its checkpoints
+    # ("" where the names are VISSL's already; None where they are not VISSL's names at all, so
+    # that they are read as they are but not converted; see models/checkpoint_formats.py)
+    VISSL_KEY_PREFIX: Optional[str] = ""
 
     @property
     def stage_names(self) -> List[str]:

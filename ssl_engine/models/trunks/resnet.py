@@ -81,6 +81,7 @@ class ResNetTrunk(StagedTrunk):
     """Stages: conv1 (stem with max-pool), res2..res5 (layer1..4), res5avg (pooled, [N, C])."""
 
     default_out_feat_key = "res5avg"
+    VISSL_KEY_PREFIX = "_feature_blocks."  # torchvision's names here, VISSL's _feature_blocks.
 
     @classmethod
     def check_config(cls, model_cfg) -> None:

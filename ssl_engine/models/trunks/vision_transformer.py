@@ -102,6 +102,8 @@ class VisionTransformerTrunk(StagedTrunk):
     for, and applies the final norm only to the blocks those outputs read.
     """
 
+    VISSL_KEY_PREFIX = None  # timm's names, not VISSL's: no conversion to VISSL's layout
+
     default_out_feat_key = "lastCLS"
 
     def __init__(self, model_cfg):
