@@ -35,6 +35,10 @@ def _check_choices(cfg: AttrDict) -> None:
     for key in _POSITIVE:
         if get_dotted(cfg, key) < 1:
             raise ConfigError(f"config.{key} must be at least 1, got {get_dotted(cfg, key)}")
+    threads = cfg.DISTRIBUTED.get("NCCL_SOCKET_NTHREADS", "")
+    if threads != "" and not (str(threads).isdigit() and int(threads) >= 1):
+        raise ConfigError(f"config.DISTRIBUTED.NCCL_SOCKET_NTHREADS must be empty (NCCL's "
+                          f"default) or a number of threads >= 1, got {threads!r}")
     workers = cfg.DATA.NUM_DATALOADER_WORKERS
     if workers != "auto" and (not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"config.DATA.NUM_DATALOADER_WORKERS must be auto or an integer >= 0, "

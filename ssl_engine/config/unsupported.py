@@ -127,9 +127,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME":
         "a pointer file, written atomically, always names the newest checkpoint",
     # DISTRIBUTED
-    "config.DISTRIBUTED.NCCL_DEBUG": _NO_CPU + "set the environment variable NCCL_DEBUG=INFO instead",
-    "config.DISTRIBUTED.NCCL_SOCKET_NTHREADS":
-        _NO_CPU + "set the environment variable NCCL_SOCKET_NTHREADS instead",
     "config.DISTRIBUTED.BROADCAST_BUFFERS": "DDP always broadcasts rank 0's buffers",
     "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION": "gradients are reduced by DDP's hooks",
 }

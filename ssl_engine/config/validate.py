@@ -21,6 +21,8 @@ _OPEN = re.compile("|".join(fnmatch.translate(p) for p in OPEN_SUBTREES))
 INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
 # Keys that take a number or the word "inf" (VISSL's NORM_TYPE of clipping: inf is the max-norm).
 NUMBER_OR_INF = ("config.MODEL.GRAD_CLIP.NORM_TYPE",)
+# Keys that take a string or an int (a count that VISSL's configs write either way).
+STR_OR_INT = ("config.DISTRIBUTED.NCCL_SOCKET_NTHREADS",)
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
 # or another scheduled parameter), while the keys of the known sub-sections are still checked.
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
@@ -172,6 +174,8 @@ def _check_value(path: str, default: Any, value: Any) -> None:
     if path in INT_OR_AUTO and (value == "auto" or _kind(value) == "int"):
         return
     if path in NUMBER_OR_INF and value == "inf":
+        return
+    if path in STR_OR_INT and _kind(value) in ("str", "int"):
         return
     if not _type_ok(default, value):
         raise ConfigError(

@@ -15,7 +15,7 @@ from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.cpu_budget import configure_threads
-from ssl_engine.utils.distributed import elastic_attempt_store, get_rank
+from ssl_engine.utils.distributed import elastic_attempt_store, export_nccl_settings, get_rank
 from ssl_engine.utils.registry import lookup
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class SelfSupervisionTrainer:
         if dist.is_initialized():
             return
         backend = self.cfg.DISTRIBUTED.BACKEND
+        export_nccl_settings(self.cfg, backend, log_note=self.rank == 0)
         logger.info("init process group: backend=%s rank=%d world=%d init=%s",
                     backend, self.rank, self.world_size, self.dist_run_id)
         minutes = float(self.cfg.DISTRIBUTED.get("TIMEOUT_MINUTES", 30))
