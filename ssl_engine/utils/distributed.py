@@ -71,6 +71,39 @@ def export_nccl_settings(cfg, backend: str, log_note: bool = True) -> Dict[str, 
     return settings
 
 
+def broadcast_buffers(cfg) -> bool:
+    """DISTRIBUTED.BROADCAST_BUFFERS: whether rank 0's buffers (batch-norm statistics) are
+    sent to every rank at the start of a forward pass (VISSL's default: true)."""
+    return bool(cfg.DISTRIBUTED.get("BROADCAST_BUFFERS", True))
+
+
+class BufferBroadcast:
+    """A forward pre-hook giving every rank rank 0's buffers, when DDP's wrapper is not there
+    to do it (FSDP): before a forward pass that follows one run with gradients (and before
+    the first), as DDP's ``broadcast_buffers`` does.  One broadcast per dtype and device."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.groups: Dict[tuple, List[torch.Tensor]] = {}
+        for buffer in module.buffers():
+            self.groups.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+        self.pending = True  # the previous forward pass ran with gradients
+
+    def __call__(self, module, args) -> None:
+        if self.pending:
+            self.broadcast()
+        self.pending = torch.is_grad_enabled()
+
+    @torch.no_grad()
+    def broadcast(self) -> None:
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        for tensors in self.groups.values():
+            flat = _flatten_dense_tensors(tensors)
+            dist.broadcast(flat, src=0)
+            for tensor, value in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+                tensor.copy_(value)
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
