@@ -31,6 +31,7 @@ VISSL_TREE = {
                      "stratified sampler is not implemented"),
     "model/regnet": ("  MODEL: {TRUNK: {NAME: regnet, REGNET: {name: regnet_y_400mf}}}", None),
     "model/resnext": ("  MODEL: {TRUNK: {RESNETS: {DEPTH: 50, GROUPS: 32}}}", None),
+    "model/trunk_params": ("  MODEL: {TRUNK: {TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}", None),
     "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk}}",
                         "config.MODEL.TRUNK.NAME=resnet_sk is not supported: the resnet_sk trunk"),
     "model/fsdp": ("  MODEL: {FSDP_CONFIG: {flatten_parameters: false}}",
@@ -152,3 +153,63 @@ def test_open_vissl_sections_take_any_keys():
         "+config.DISTILLATION.TEACHER_MODEL.TRUNK.RESNETS.DEPTH=50"])
     assert cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.PARAMS.ratio == 0.5
 
+
+
+def _plain_config():
+    """(a config with every default, the schema) as plain dicts, without Hydra."""
+    import copy
+
+    from ssl_engine.config.compose import load_defaults
+
+    schema = load_defaults()
+    schema.pop("defaults", None)
+    return copy.deepcopy(schema), schema
+
+
+def test_older_vissl_keys_move_to_their_place_with_one_warning(caplog):
+    from ssl_engine.config.validate import validate_config
+
+    cfg, schema = _plain_config()
+    cfg["config"]["MODEL"]["TRUNK"]["TRUNK_PARAMS"] = {
+        "RESNETS": {"DEPTH": 101, "WIDTH_MULTIPLIER": 2}, "REGNET": {"name": "regnet_y_400mf"}}
+    cfg["config"]["MONITOR_PERF_STATS"] = True
+    with caplog.at_level("WARNING"):
+        validate_config(cfg, schema)
+    trunk = cfg["config"]["MODEL"]["TRUNK"]
+    assert "TRUNK_PARAMS" not in trunk and "MONITOR_PERF_STATS" not in cfg["config"]
+    assert (trunk["RESNETS"]["DEPTH"], trunk["RESNETS"]["WIDTH_MULTIPLIER"]) == (101, 2)
+    assert trunk["RESNETS"]["GROUPS"] == schema["config"]["MODEL"]["TRUNK"]["RESNETS"]["GROUPS"]
+    assert trunk["REGNET"]["name"] == "regnet_y_400mf"
+    assert cfg["config"]["HOOKS"]["PERF_STATS"]["MONITOR_PERF_STATS"] is True
+    warnings = [r.getMessage() for r in caplog.records if "older VISSL key" in r.getMessage()]
+    assert len(warnings) == 2
+    assert "config.MODEL.TRUNK.TRUNK_PARAMS.<key> is now config.MODEL.TRUNK.<key> (RESNETS.DEPTH" \
+        in warnings[0]
+    assert "config.MONITOR_PERF_STATS is now config.HOOKS.PERF_STATS.MONITOR_PERF_STATS" \
+        in warnings[1]
+
+
+def test_older_and_current_key_set_differently_is_refused():
+    from ssl_engine.config.validate import validate_config
+
+    cfg, schema = _plain_config()
+    trunk = cfg["config"]["MODEL"]["TRUNK"]
+    trunk["RESNETS"]["DEPTH"] = 152
+    trunk["TRUNK_PARAMS"] = {"RESNETS": {"DEPTH": 152}}
+    validate_config(cfg, schema)  # the same value twice: accepted
+    trunk["TRUNK_PARAMS"] = {"RESNETS": {"DEPTH": 101}}
+    with pytest.raises(ConfigError, match=r"^config.MODEL.TRUNK.TRUNK_PARAMS.RESNETS.DEPTH=101 "
+                                          r"\(VISSL's older key\) and config.MODEL.TRUNK.RESNETS."
+                                          r"DEPTH=152 are both set with different values: keep "
+                                          r"only config.MODEL.TRUNK.RESNETS.DEPTH$"):
+        validate_config(cfg, schema)
+
+
+def test_an_unknown_key_under_trunk_params_is_named_at_its_new_place():
+    from ssl_engine.config.validate import validate_config
+
+    cfg, schema = _plain_config()
+    cfg["config"]["MODEL"]["TRUNK"]["TRUNK_PARAMS"] = {"RESNETS": {"DEPTHH": 50}}
+    with pytest.raises(ConfigError, match="unknown config key 'config.MODEL.TRUNK.RESNETS.DEPTHH'"
+                                          ": did you mean 'config.MODEL.TRUNK.RESNETS.DEPTH'"):
+        validate_config(cfg, schema)

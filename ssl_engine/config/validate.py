@@ -10,6 +10,7 @@ import re
 from typing import Any, Iterator, List, Sequence, Tuple
 
 from ssl_engine.config.errors import ConfigError
+from ssl_engine.config.legacy_keys import move_legacy_keys
 from ssl_engine.config.unsupported import UNSUPPORTED_KEYS, UNSUPPORTED_NAMES, Refusal
 from ssl_engine.utils.registry import closest_name
 
@@ -199,8 +200,10 @@ def _check_section(node: dict, schema_node: dict, prefix: str, schema: dict) -> 
 
 
 def validate_config(cfg: dict, schema: dict) -> None:
-    """Refuse the VISSL settings the engine does not implement, then check every key and value
-    type of a composed config (plain dicts) against the schema."""
+    """Move older VISSL keys to their current place (in place, with a warning), refuse the
+    VISSL settings the engine does not implement, then check every key and value type of a
+    composed config (plain dicts) against the schema."""
+    move_legacy_keys(cfg, schema)
     check_unsupported(cfg, schema)  # first: an unsupported value may also be of another type
     _check_section(cfg, schema, "", schema)
 
