@@ -32,6 +32,9 @@ VISSL_TREE = {
     "model/regnet": ("  MODEL: {TRUNK: {NAME: regnet, REGNET: {name: regnet_y_400mf}}}", None),
     "model/resnext": ("  MODEL: {TRUNK: {RESNETS: {DEPTH: 50, GROUPS: 32}}}", None),
     "model/trunk_params": ("  MODEL: {TRUNK: {TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}", None),
+    "model/trunk_params_conflict": (
+        "  MODEL: {TRUNK: {RESNETS: {DEPTH: 152}, TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}",
+        "are both set with different values"),
     "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk}}",
                         "config.MODEL.TRUNK.NAME=resnet_sk is not supported: the resnet_sk trunk"),
     "model/fsdp": ("  MODEL: {FSDP_CONFIG: {flatten_parameters: false}}",
@@ -201,7 +204,9 @@ def test_older_and_current_key_set_differently_is_refused():
     with pytest.raises(ConfigError, match=r"^config.MODEL.TRUNK.TRUNK_PARAMS.RESNETS.DEPTH=101 "
                                           r"\(VISSL's older key\) and config.MODEL.TRUNK.RESNETS."
                                           r"DEPTH=152 are both set with different values: keep "
-                                          r"only config.MODEL.TRUNK.RESNETS.DEPTH$"):
+                                          r"only config.MODEL.TRUNK.RESNETS.DEPTH \(remove the "
+                                          r"older key from the config, or add ~config.MODEL."
+                                          r"TRUNK.TRUNK_PARAMS to the command line\)$"):
         validate_config(cfg, schema)
 
 
@@ -213,3 +218,10 @@ def test_an_unknown_key_under_trunk_params_is_named_at_its_new_place():
     with pytest.raises(ConfigError, match="unknown config key 'config.MODEL.TRUNK.RESNETS.DEPTHH'"
                                           ": did you mean 'config.MODEL.TRUNK.RESNETS.DEPTH'"):
         validate_config(cfg, schema)
+
+
+def test_older_key_dropped_from_the_command_line_resolves_a_conflict(tmp_path, monkeypatch):
+    _write_tree(tmp_path, monkeypatch)
+    _, cfg = compose_config(["config=model/trunk_params_conflict",
+                             "~config.MODEL.TRUNK.TRUNK_PARAMS"])
+    assert cfg.MODEL.TRUNK.RESNETS.DEPTH == 152 and "TRUNK_PARAMS" not in cfg.MODEL.TRUNK

@@ -13,8 +13,8 @@ from ssl_engine.trainer.trainer import SelfSupervisionTrainer
 
 QUICK = "config=test/quick_simclr_synthetic"
 SET = ["config.DISTRIBUTED.NCCL_DEBUG=true", "config.DISTRIBUTED.NCCL_SOCKET_NTHREADS=4",
-       "config.DISTRIBUTED.BROADCAST_BUFFERS=false", "config.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE=true",
-       "config.MODEL.CUDA_CACHE.CLEAR_FREQ=4"]
+       "config.DISTRIBUTED.BROADCAST_BUFFERS=false",
+       "config.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE=true", "config.MODEL.CUDA_CACHE.CLEAR_FREQ=4"]
 
 
 @pytest.fixture(scope="module")

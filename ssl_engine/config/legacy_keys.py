@@ -75,7 +75,8 @@ def move_legacy_keys(cfg: dict, schema: dict) -> List[Tuple[str, str]]:
             if current is not _MISSING and current != default and current != leaf:
                 raise ConfigError(
                     f"{old}={leaf!r} (VISSL's older key) and {new}={current!r} are both set "
-                    f"with different values: keep only {new}")
+                    f"with different values: keep only {new} (remove the older key from the "
+                    f"config, or add ~{old_root} to the command line)")
             _set(cfg, new, leaf)
             section_moves.append((old, new))
         if section_moves:

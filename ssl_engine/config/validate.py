@@ -211,6 +211,8 @@ def validate_config(cfg: dict, schema: dict) -> None:
 def validate_overrides(overrides: Sequence[str], schema: dict) -> None:
     """Check command-line ``key=value`` overrides name existing keys (``+key`` adds on purpose)."""
     for item in overrides:
+        if item.startswith("~"):  # Hydra's deletion: "~key" or "~key=value"
+            continue
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value")
         key = item.split("=", 1)[0]
