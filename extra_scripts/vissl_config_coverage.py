@@ -258,6 +258,10 @@ def measure(args) -> int:
         shutil.copytree(root, tmp / "config")
         shutil.copy(REPO / "configs/config/defaults.yaml", tmp / "config/defaults.yaml")
         os.environ["SSL_ENGINE_CONFIG_DIR"] = str(tmp)
+    import logging
+
+    # the warning of each older key moved (one per file) would drown the report
+    logging.getLogger("ssl_engine.config.legacy_keys").setLevel(logging.ERROR)
     start = time.perf_counter()
     reasons = collections.Counter()
     examples = {}

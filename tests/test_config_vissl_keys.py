@@ -31,6 +31,10 @@ VISSL_TREE = {
                      "stratified sampler is not implemented"),
     "model/regnet": ("  MODEL: {TRUNK: {NAME: regnet, REGNET: {name: regnet_y_400mf}}}", None),
     "model/resnext": ("  MODEL: {TRUNK: {RESNETS: {DEPTH: 50, GROUPS: 32}}}", None),
+    "model/trunk_params": ("  MODEL: {TRUNK: {TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}", None),
+    "model/trunk_params_conflict": (
+        "  MODEL: {TRUNK: {RESNETS: {DEPTH: 152}, TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}",
+        "are both set with different values"),
     "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk}}",
                         "config.MODEL.TRUNK.NAME=resnet_sk is not supported: the resnet_sk trunk"),
     "model/fsdp": ("  MODEL: {FSDP_CONFIG: {flatten_parameters: false}}",
@@ -59,9 +63,10 @@ VISSL_TREE = {
                        "config.PROFILING.RUNTIME_PROFILING.USE_PROFILER=True is not supported"),
     "hooks/quiet": ("  HOOKS: {MEMORY_SUMMARY: {PRINT_MEMORY_SUMMARY: false}, LOG_GPU_STATS: false}",
                     None),
-    "distributed/nccl": ("  DISTRIBUTED: {NCCL_DEBUG: true}",
-                         "config.DISTRIBUTED.NCCL_DEBUG=True is not supported: no effect on a CPU"
-                         " or with torch's own tools; set the environment variable NCCL_DEBUG=INFO"),
+    "distributed/nccl": ("  DISTRIBUTED: {NCCL_DEBUG: true, NCCL_SOCKET_NTHREADS: 4}", None),
+    "distributed/manual": ("  DISTRIBUTED: {MANUAL_GRADIENT_REDUCTION: true}",
+                           "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=True is not supported: "
+                           "gradients are reduced by DDP's hooks"),
     "machine/cpu": ("  MACHINE: {DEVICE: cpu}\n  VERBOSE: true", None),
     "slurm/job": ("  SLURM: {USE_SLURM: false, NAME: vissl, ADDITIONAL_PARAMETERS: {account: a}}",
                   None),
@@ -131,9 +136,9 @@ def test_unsupported_key_at_default_is_accepted_and_other_value_refused():
 
 
 def test_unsupported_value_of_another_type_is_refused_as_unsupported():
-    with pytest.raises(ConfigError, match="config.DISTRIBUTED.NCCL_SOCKET_NTHREADS=4 is not "
-                                          "supported.*NCCL_SOCKET_NTHREADS instead"):
-        compose_config([QUICK, "config.DISTRIBUTED.NCCL_SOCKET_NTHREADS=4"])
+    with pytest.raises(ConfigError, match="config.CHECKPOINT.BACKEND=4 is not "
+                                          "supported: checkpoints are written to disk only"):
+        compose_config([QUICK, "config.CHECKPOINT.BACKEND=4"])
 
 
 def test_typo_of_a_vissl_key_still_gets_did_you_mean():
@@ -142,9 +147,10 @@ def test_typo_of_a_vissl_key_still_gets_did_you_mean():
         compose_config([QUICK, "config.DATA.TRAIN.MMAP_MOD=false"])
 
 
-def test_apex_like_key_says_what_to_use_instead():
-    with pytest.raises(ConfigError, match="set the environment variable NCCL_DEBUG=INFO instead"):
-        compose_config([QUICK, "config.DISTRIBUTED.NCCL_DEBUG=true"])
+def test_refusal_says_what_to_do_instead():
+    with pytest.raises(ConfigError, match=r"use_different_lr=True is not supported: use "
+                                          r"OPTIMIZER.lr_multipliers \(e.g. \[\[heads, 10.0\]\]\)"):
+        compose_config([QUICK, "config.OPTIMIZER.head_optimizer_params.use_different_lr=true"])
 
 
 def test_open_vissl_sections_take_any_keys():
@@ -153,3 +159,72 @@ def test_open_vissl_sections_take_any_keys():
         "+config.DISTILLATION.TEACHER_MODEL.TRUNK.RESNETS.DEPTH=50"])
     assert cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.PARAMS.ratio == 0.5
 
+
+
+def _plain_config():
+    """(a config with every default, the schema) as plain dicts, without Hydra."""
+    import copy
+
+    from ssl_engine.config.compose import load_defaults
+
+    schema = load_defaults()
+    schema.pop("defaults", None)
+    return copy.deepcopy(schema), schema
+
+
+def test_older_vissl_keys_move_to_their_place_with_one_warning(caplog):
+    from ssl_engine.config.validate import validate_config
+
+    cfg, schema = _plain_config()
+    cfg["config"]["MODEL"]["TRUNK"]["TRUNK_PARAMS"] = {
+        "RESNETS": {"DEPTH": 101, "WIDTH_MULTIPLIER": 2}, "REGNET": {"name": "regnet_y_400mf"}}
+    cfg["config"]["MONITOR_PERF_STATS"] = True
+    with caplog.at_level("WARNING"):
+        validate_config(cfg, schema)
+    trunk = cfg["config"]["MODEL"]["TRUNK"]
+    assert "TRUNK_PARAMS" not in trunk and "MONITOR_PERF_STATS" not in cfg["config"]
+    assert (trunk["RESNETS"]["DEPTH"], trunk["RESNETS"]["WIDTH_MULTIPLIER"]) == (101, 2)
+    assert trunk["RESNETS"]["GROUPS"] == schema["config"]["MODEL"]["TRUNK"]["RESNETS"]["GROUPS"]
+    assert trunk["REGNET"]["name"] == "regnet_y_400mf"
+    assert cfg["config"]["HOOKS"]["PERF_STATS"]["MONITOR_PERF_STATS"] is True
+    warnings = [r.getMessage() for r in caplog.records if "older VISSL key" in r.getMessage()]
+    assert len(warnings) == 2
+    assert "config.MODEL.TRUNK.TRUNK_PARAMS.<key> is now config.MODEL.TRUNK.<key> (RESNETS.DEPTH" \
+        in warnings[0]
+    assert "config.MONITOR_PERF_STATS is now config.HOOKS.PERF_STATS.MONITOR_PERF_STATS" \
+        in warnings[1]
+
+
+def test_older_and_current_key_set_differently_is_refused():
+    from ssl_engine.config.validate import validate_config
+
+    cfg, schema = _plain_config()
+    trunk = cfg["config"]["MODEL"]["TRUNK"]
+    trunk["RESNETS"]["DEPTH"] = 152
+    trunk["TRUNK_PARAMS"] = {"RESNETS": {"DEPTH": 152}}
+    validate_config(cfg, schema)  # the same value twice: accepted
+    trunk["TRUNK_PARAMS"] = {"RESNETS": {"DEPTH": 101}}
+    with pytest.raises(ConfigError, match=r"^config.MODEL.TRUNK.TRUNK_PARAMS.RESNETS.DEPTH=101 "
+                                          r"\(VISSL's older key\) and config.MODEL.TRUNK.RESNETS."
+                                          r"DEPTH=152 are both set with different values: keep "
+                                          r"only config.MODEL.TRUNK.RESNETS.DEPTH \(remove the "
+                                          r"older key from the config, or add ~config.MODEL."
+                                          r"TRUNK.TRUNK_PARAMS to the command line\)$"):
+        validate_config(cfg, schema)
+
+
+def test_an_unknown_key_under_trunk_params_is_named_at_its_new_place():
+    from ssl_engine.config.validate import validate_config
+
+    cfg, schema = _plain_config()
+    cfg["config"]["MODEL"]["TRUNK"]["TRUNK_PARAMS"] = {"RESNETS": {"DEPTHH": 50}}
+    with pytest.raises(ConfigError, match="unknown config key 'config.MODEL.TRUNK.RESNETS.DEPTHH'"
+                                          ": did you mean 'config.MODEL.TRUNK.RESNETS.DEPTH'"):
+        validate_config(cfg, schema)
+
+
+def test_older_key_dropped_from_the_command_line_resolves_a_conflict(tmp_path, monkeypatch):
+    _write_tree(tmp_path, monkeypatch)
+    _, cfg = compose_config(["config=model/trunk_params_conflict",
+                             "~config.MODEL.TRUNK.TRUNK_PARAMS"])
+    assert cfg.MODEL.TRUNK.RESNETS.DEPTH == 152 and "TRUNK_PARAMS" not in cfg.MODEL.TRUNK

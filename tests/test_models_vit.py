@@ -271,3 +271,51 @@ def test_digits_linear_eval_config_builds_a_tiny_vit():
     with torch.no_grad():
         (logits,) = model(images(2))
     assert logits.shape == (2, 10)
+
+
+def test_without_class_token_outputs_are_means_of_the_patch_tokens():
+    trunk = make_model(USE_CLASS_TOKEN=False).trunk.eval()
+    vit = trunk.vit
+    assert vit.cls_token is None and vit.pos_embed.shape == (1, 16, D)  # 4x4 patches only
+    assert trunk.stage_dims == {"lastPOOL": D, "concatPOOL4": 4 * D}
+    assert trunk.default_out_feat_key == "lastPOOL" and trunk.output_dim == D
+    x = images()
+    with torch.no_grad():
+        last_pool, concat_pool = trunk(x, ["lastPOOL", "concatPOOL4"])
+        (default,) = trunk(x)
+        tokens = vit.patch_embed(x).flatten(1, 2) + vit.pos_embed  # step by step, no prefix
+        means = []
+        for block in vit.blocks:
+            tokens = block(tokens)
+            means.append(vit.norm(tokens).mean(dim=1))
+    torch.testing.assert_close(last_pool, means[-1])
+    torch.testing.assert_close(concat_pool, torch.cat(means, dim=1))
+    torch.testing.assert_close(default, last_pool, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layer", ["lastCLS", "concatCLS4"])
+def test_without_class_token_cls_outputs_are_refused(layer):
+    trunk = make_model(USE_CLASS_TOKEN=False).trunk
+    with pytest.raises(ValueError, match=rf"\['{layer}'\] read the class token, and {KEY}."
+                                         r"USE_CLASS_TOKEN=false builds none: use lastPOOL, "
+                                         r"concatPOOL4"):
+        trunk(images(), [layer])
+
+
+def test_without_class_token_linear_eval_on_named_pool_layer():
+    pool_map = [["concatPOOL4", ["Identity", []]], ["lastPOOL", ["Identity", []]]]
+    cfg = vit_cfg(heads=[["eval_mlp", {"in_channels": 4 * D, "dims": [4 * D, 10]}],
+                         ["eval_mlp", {"in_channels": D, "dims": [D, 10]}]],
+                  USE_CLASS_TOKEN=False)
+    cfg.FEATURE_EVAL_SETTINGS.update(EVAL_MODE_ON=True, FREEZE_TRUNK_ONLY=True,
+                                     EXTRACT_TRUNK_FEATURES_ONLY=True,
+                                     LINEAR_EVAL_FEAT_POOL_OPS_MAP=pool_map)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    x = images(4)
+    with torch.no_grad():
+        layers = model.extract_layers(x)
+        expected = model.trunk(x, ["concatPOOL4", "lastPOOL"])
+    assert list(layers) == ["concatPOOL4", "lastPOOL"]
+    torch.testing.assert_close(layers["concatPOOL4"], expected[0])
+    torch.testing.assert_close(layers["lastPOOL"], expected[1])

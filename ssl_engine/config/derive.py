@@ -35,6 +35,17 @@ def _check_choices(cfg: AttrDict) -> None:
     for key in _POSITIVE:
         if get_dotted(cfg, key) < 1:
             raise ConfigError(f"config.{key} must be at least 1, got {get_dotted(cfg, key)}")
+    threads = cfg.DISTRIBUTED.get("NCCL_SOCKET_NTHREADS", "")
+    if threads != "" and not (str(threads).isdigit() and int(threads) >= 1):
+        raise ConfigError(f"config.DISTRIBUTED.NCCL_SOCKET_NTHREADS must be empty (NCCL's "
+                          f"default) or a number of threads >= 1, got {threads!r}")
+    cache = cfg.MODEL.CUDA_CACHE
+    if cache.CLEAR_CUDA_CACHE and (isinstance(cache.CLEAR_FREQ, bool)
+                                   or not isinstance(cache.CLEAR_FREQ, int)
+                                   or cache.CLEAR_FREQ < 1):
+        raise ConfigError(f"config.MODEL.CUDA_CACHE.CLEAR_FREQ must be an integer >= 1 (steps "
+                          f"between two clears) when CLEAR_CUDA_CACHE is on, got "
+                          f"{cache.CLEAR_FREQ!r}")
     workers = cfg.DATA.NUM_DATALOADER_WORKERS
     if workers != "auto" and (not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"config.DATA.NUM_DATALOADER_WORKERS must be auto or an integer >= 0, "

@@ -69,7 +69,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.METERS.model_output_mask": "masking the model output to the labels' classes is not implemented",
     # MODEL
     "config.MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
-    "config.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE": "clearing the CUDA cache is not implemented",
     "config.MODEL.NON_TRAINABLE_PARAMS": "not implemented; use MODEL.TEMP_FROZEN_PARAMS_ITER_MAP "
                                          "with a large iteration count",
     "config.MODEL.MULTI_INPUT_HEAD_MAPPING": "heads fed by other sample keys are not implemented",
@@ -127,10 +126,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME":
         "a pointer file, written atomically, always names the newest checkpoint",
     # DISTRIBUTED
-    "config.DISTRIBUTED.NCCL_DEBUG": _NO_CPU + "set the environment variable NCCL_DEBUG=INFO instead",
-    "config.DISTRIBUTED.NCCL_SOCKET_NTHREADS":
-        _NO_CPU + "set the environment variable NCCL_SOCKET_NTHREADS instead",
-    "config.DISTRIBUTED.BROADCAST_BUFFERS": "DDP always broadcasts rank 0's buffers",
     "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION": "gradients are reduced by DDP's hooks",
 }
 

@@ -10,6 +10,7 @@ import re
 from typing import Any, Iterator, List, Sequence, Tuple
 
 from ssl_engine.config.errors import ConfigError
+from ssl_engine.config.legacy_keys import move_legacy_keys
 from ssl_engine.config.unsupported import UNSUPPORTED_KEYS, UNSUPPORTED_NAMES, Refusal
 from ssl_engine.utils.registry import closest_name
 
@@ -24,6 +25,8 @@ NUMBER_OR_INF = ("config.MODEL.GRAD_CLIP.NORM_TYPE",)
 # Keys whose default false means "off" and that take a number otherwise (a string such as
 # "1e-5", which YAML 1.1 reads as a string, as well).
 NUMBER_OR_FALSE = ("config.MODEL.TRUNK.BEIT.INIT_VALUES", "config.MODEL.TRUNK.BEIT.QK_SCALE")
+# Keys that take a string or an int (a count that VISSL's configs write either way).
+STR_OR_INT = ("config.DISTRIBUTED.NCCL_SOCKET_NTHREADS",)
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
 # or another scheduled parameter), while the keys of the known sub-sections are still checked.
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
@@ -191,6 +194,8 @@ def _check_value(path: str, default: Any, value: Any) -> None:
         return
     if path in NUMBER_OR_FALSE and _is_number(value):
         return
+    if path in STR_OR_INT and _kind(value) in ("str", "int"):
+        return
     if not _type_ok(default, value):
         raise ConfigError(
             f"config key '{path}' expects {_article(_kind(default))} like {default!r}, "
@@ -213,8 +218,10 @@ def _check_section(node: dict, schema_node: dict, prefix: str, schema: dict) -> 
 
 
 def validate_config(cfg: dict, schema: dict) -> None:
-    """Refuse the VISSL settings the engine does not implement, then check every key and value
-    type of a composed config (plain dicts) against the schema."""
+    """Move older VISSL keys to their current place (in place, with a warning), refuse the
+    VISSL settings the engine does not implement, then check every key and value type of a
+    composed config (plain dicts) against the schema."""
+    move_legacy_keys(cfg, schema)
     check_unsupported(cfg, schema)  # first: an unsupported value may also be of another type
     _check_section(cfg, schema, "", schema)
 
@@ -222,6 +229,8 @@ def validate_config(cfg: dict, schema: dict) -> None:
 def validate_overrides(overrides: Sequence[str], schema: dict) -> None:
     """Check command-line ``key=value`` overrides name existing keys (``+key`` adds on purpose)."""
     for item in overrides:
+        if item.startswith("~"):  # Hydra's deletion: "~key" or "~key=value"
+            continue
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value")
         key = item.split("=", 1)[0]

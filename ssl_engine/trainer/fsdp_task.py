@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ssl_engine.trainer.task import SelfSupervisionTask
 from ssl_engine.utils.classy import register_task
-from ssl_engine.utils.distributed import get_rank
+from ssl_engine.utils.distributed import BufferBroadcast, broadcast_buffers, get_rank
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,11 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
         return False  # FSDP2 shards contiguous parameters only
 
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return shard_model(model)  # the model itself, its parameters now sharded DTensors
+        model = shard_model(model)  # the model itself, its parameters now sharded DTensors
+        if broadcast_buffers(self.config) and any(True for _ in model.buffers()):
+            # fully_shard leaves buffers replicated and does not sync them
+            model.register_forward_pre_hook(BufferBroadcast(model))
+        return model
 
     # ------------------------------------------------------------------ state
     def _options(self, full: bool):

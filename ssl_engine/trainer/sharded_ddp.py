@@ -19,6 +19,7 @@ import logging
 import torch
 
 from ssl_engine.config import ConfigError
+from ssl_engine.utils.distributed import broadcast_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ def wrap_sharded_ddp(model: torch.nn.Module, optimizer, cfg) -> torch.nn.Module:
     size = int(cfg.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size)
     kwargs = {"reduce_buffer_size": size} if size >= 0 else {}
     optimizer.zero_grads_in_place = True  # the bucket views must survive zero_grad
-    wrapped = ShardedDataParallel(model, oss, **kwargs)
+    wrapped = ShardedDataParallel(model, oss, broadcast_buffers=broadcast_buffers(cfg),
+                                  **kwargs)
     logger.info("USE_SDP: each gradient reduced to the rank owning its optimizer state, "
                 "in buckets of up to %d values", wrapped._buffer_max_size)
     return wrapped

@@ -19,7 +19,7 @@ from ssl_engine.utils import rng
 from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.classy import ClassyTask, register_task
 from ssl_engine.utils.device import to_device
-from ssl_engine.utils.distributed import get_rank, get_world_size
+from ssl_engine.utils.distributed import broadcast_buffers, get_rank, get_world_size
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,10 @@ class SelfSupervisionTask(ClassyTask):
         if uses_sharded_ddp(self.config) and self.optimizer is not None:
             return wrap_sharded_ddp(model, self.optimizer, self.config)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        # every rank starts from rank 0's parameters and buffers; BROADCAST_BUFFERS: the
+        # buffers again at each training forward
+        return DistributedDataParallel(model, device_ids=device_ids,
+                                       forward_sync_buffers=broadcast_buffers(self.config))
 
     def _iters_per_epoch(self, split: str) -> int:
         from ssl_engine.data import StatefulDistributedSampler

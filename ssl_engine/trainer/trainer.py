@@ -12,10 +12,11 @@ from ssl_engine.utils import rng
 from ssl_engine.data.datasources.image_io import ImageLoadError
 from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_death_error
 from ssl_engine.models.weights_init import WeightsInitError
+from ssl_engine.trainer.cuda_cache import CudaCacheClearer
 from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.cpu_budget import configure_threads
-from ssl_engine.utils.distributed import elastic_attempt_store, get_rank
+from ssl_engine.utils.distributed import elastic_attempt_store, export_nccl_settings, get_rank
 from ssl_engine.utils.registry import lookup
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class SelfSupervisionTrainer:
         self.task = task_class.from_config(cfg, self.device)
         self.task.set_hooks(hooks or [])
         self.checkpoint_path = checkpoint_path
+        self.cuda_cache = CudaCacheClearer(cfg, self.device, log=self.rank == 0)
 
     def _select_device(self) -> torch.device:
         if self.cfg.MACHINE.DEVICE == "gpu":
@@ -80,6 +82,7 @@ class SelfSupervisionTrainer:
         if dist.is_initialized():
             return
         backend = self.cfg.DISTRIBUTED.BACKEND
+        export_nccl_settings(self.cfg, backend, log_note=self.rank == 0)
         logger.info("init process group: backend=%s rank=%d world=%d init=%s",
                     backend, self.rank, self.world_size, self.dist_run_id)
         minutes = float(self.cfg.DISTRIBUTED.get("TIMEOUT_MINUTES", 30))
@@ -141,13 +144,13 @@ class SelfSupervisionTrainer:
         finally:
             task.release_loaders()
 
-    @staticmethod
-    def _run_phase(task) -> None:
+    def _run_phase(self, task) -> None:
         while True:
             try:
                 task.train_step() if task.train else task.eval_step()
             except StopIteration:
                 return
+            self.cuda_cache.after_step()
             task.run_hook(Event.on_step)
 
     def extract(self):

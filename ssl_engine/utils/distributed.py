@@ -1,10 +1,13 @@
 """Small helpers over torch.distributed that also work when no process group exists."""
 import datetime
+import logging
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 
 def is_distributed() -> bool:
@@ -37,6 +40,68 @@ def elastic_attempt_store(world_size: int,
                           is_master=False, timeout=timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"ssl_engine/attempt_{attempt}", store)
+
+
+def nccl_settings(cfg) -> Dict[str, str]:
+    """The NCCL environment variables asked for by DISTRIBUTED.NCCL_DEBUG (true: NCCL_DEBUG=INFO,
+    NCCL's set-up logged) and DISTRIBUTED.NCCL_SOCKET_NTHREADS (a non-empty value is exported
+    as is)."""
+    found = {}
+    if cfg.DISTRIBUTED.get("NCCL_DEBUG", False):
+        found["NCCL_DEBUG"] = "INFO"
+    threads = cfg.DISTRIBUTED.get("NCCL_SOCKET_NTHREADS", "")
+    if threads not in ("", None):
+        found["NCCL_SOCKET_NTHREADS"] = str(threads)
+    return found
+
+
+def export_nccl_settings(cfg, backend: str, log_note: bool = True) -> Dict[str, str]:
+    """Put :func:`nccl_settings` in this process's environment, before its process group is
+    set up (NCCL reads them when its communicators are created); returns what was set.
+    ``log_note`` logs one line naming them (on gloo: that they have no effect)."""
+    settings = nccl_settings(cfg)
+    os.environ.update(settings)
+    if settings and log_note:
+        names = ", ".join(f"{key}={value}" for key, value in settings.items())
+        if backend == "nccl":
+            logger.info("NCCL environment: %s", names)
+        else:
+            logger.info("%s (config.DISTRIBUTED.NCCL_DEBUG / NCCL_SOCKET_NTHREADS): no effect "
+                        "on the %s backend", names, backend)
+    return settings
+
+
+def broadcast_buffers(cfg) -> bool:
+    """DISTRIBUTED.BROADCAST_BUFFERS: whether rank 0's buffers (batch-norm statistics) are
+    sent to every rank at the start of a forward pass (VISSL's default: true)."""
+    return bool(cfg.DISTRIBUTED.get("BROADCAST_BUFFERS", True))
+
+
+class BufferBroadcast:
+    """A forward pre-hook giving every rank rank 0's buffers, when DDP's wrapper is not there
+    to do it (FSDP): before a forward pass that follows one run with gradients (and before
+    the first), as DDP's ``broadcast_buffers`` does.  One broadcast per dtype and device."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.groups: Dict[tuple, List[torch.Tensor]] = {}
+        for buffer in module.buffers():
+            self.groups.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+        self.pending = True  # the previous forward pass ran with gradients
+
+    def __call__(self, module, args) -> None:
+        if self.pending:
+            self.broadcast()
+        self.pending = torch.is_grad_enabled()
+
+    @torch.no_grad()
+    def broadcast(self) -> None:
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        for tensors in self.groups.values():
+            flat = _flatten_dense_tensors(tensors)
+            dist.broadcast(flat, src=0)
+            for tensor, value in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+                tensor.copy_(value)
 
 
 def barrier() -> None:

@@ -16,6 +16,10 @@ Outputs, named as in VISSL (all [N, dim]):
 - ``concatPOOL4``: the same mean for each of the last 4 blocks, concatenated (4D).
 
 The ``concat*4`` outputs exist when the trunk has at least 4 blocks.
+
+``USE_CLASS_TOKEN: false`` (VISSL's ViT without a class token): the tokens are the patches
+only (position embeddings for the patches alone, as timm's ``class_token=False``); the
+outputs are then ``lastPOOL`` (the default) and ``concatPOOL4``, the CLS ones being refused.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -123,12 +127,14 @@ class VisionTransformerTrunk(StagedTrunk):
             raise ValueError(f"{CONFIG}.IMAGE_SIZE={image_size} is smaller than the patch "
                              f"size {patch_size}")
         dropout = float(cfg.DROPOUT_RATE)
+        self.use_class_token = bool(cfg.get("USE_CLASS_TOKEN", True))
         self.vit = VisionTransformer(
             img_size=image_size,
             patch_size=patch_size,
             in_chans=3,
             num_classes=0,
-            global_pool="token",
+            class_token=self.use_class_token,
+            global_pool="token" if self.use_class_token else "avg",
             embed_dim=hidden_dim,
             depth=num_layers,
             num_heads=num_heads,
@@ -145,9 +151,20 @@ class VisionTransformerTrunk(StagedTrunk):
                                         or bool(checkpointing_splits(model_cfg)))
         self.stage_dims = {
             name: hidden_dim * num_blocks
-            for name, (num_blocks, _) in OUTPUTS.items()
-            if num_blocks <= num_layers
+            for name, (num_blocks, token) in OUTPUTS.items()
+            if num_blocks <= num_layers and (self.use_class_token or token == "POOL")
         }
+        if not self.use_class_token:
+            self.default_out_feat_key = "lastPOOL"
+
+    def check_out_feat_keys(self, out_feat_keys: Optional[Sequence[str]]) -> List[str]:
+        if not self.use_class_token:
+            cls = [key for key in out_feat_keys or () if OUTPUTS.get(key, (0, ""))[1] == "CLS"]
+            if cls:
+                raise ValueError(f"the ViT output(s) {cls} read the class token, and "
+                                 f"{CONFIG}.USE_CLASS_TOKEN=false builds none: use "
+                                 f"{', '.join(self.stage_names)} (means of the patch tokens)")
+        return super().check_out_feat_keys(out_feat_keys)
 
     def fsdp_units(self) -> List[torch.nn.Module]:
         """The modules FSDP shards one by one (self_supervision_fsdp_task): the blocks."""
@@ -163,12 +180,14 @@ class VisionTransformerTrunk(StagedTrunk):
         """The outputs named in ``out_feat_keys`` (default: lastCLS), in that order."""
         keys = self.check_out_feat_keys(out_feat_keys)
         num_blocks = max(OUTPUTS[key][0] for key in keys)
-        # (patch tokens [N, L, D], class token [N, 1, D]) of each of the last num_blocks
-        # blocks, final norm applied, oldest first
+        # (patch tokens [N, L, D], class token [N, 1, D] or None) of each of the last
+        # num_blocks blocks, final norm applied, oldest first
         blocks = self.vit.forward_intermediates(
-            x, indices=num_blocks, return_prefix_tokens=True, norm=True, output_fmt="NLC",
-            intermediates_only=True,
+            x, indices=num_blocks, return_prefix_tokens=self.use_class_token, norm=True,
+            output_fmt="NLC", intermediates_only=True,
         )
+        if not self.use_class_token:  # patch tokens only (CLS outputs are refused)
+            blocks = [(patches, None) for patches in blocks]
         found: Dict[str, torch.Tensor] = {}
         for key in keys:
             if key in found:
