@@ -32,9 +32,8 @@ VISSL_TREE = {
     "model/regnet": ("  MODEL: {TRUNK: {NAME: regnet, REGNET: {name: regnet_y_400mf}}}", None),
     "model/resnext": ("  MODEL: {TRUNK: {RESNETS: {DEPTH: 50, GROUPS: 32}}}", None),
     "model/trunk_params": ("  MODEL: {TRUNK: {TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}", None),
-    "model/trunk_params_conflict": (
-        "  MODEL: {TRUNK: {RESNETS: {DEPTH: 152}, TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}",
-        "are both set with different values"),
+    "model/trunk_params_both": (
+        "  MODEL: {TRUNK: {RESNETS: {DEPTH: 152}, TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}", None),
     "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk}}",
                         "config.MODEL.TRUNK.NAME=resnet_sk is not supported: the resnet_sk trunk"),
     "model/fsdp": ("  MODEL: {FSDP_CONFIG: {flatten_parameters: false}}",
@@ -195,22 +194,19 @@ def test_older_vissl_keys_move_to_their_place_with_one_warning(caplog):
         in warnings[1]
 
 
-def test_older_and_current_key_set_differently_is_refused():
+def test_older_and_current_key_set_differently_keeps_the_current_one(caplog):
     from ssl_engine.config.validate import validate_config
 
     cfg, schema = _plain_config()
     trunk = cfg["config"]["MODEL"]["TRUNK"]
     trunk["RESNETS"]["DEPTH"] = 152
-    trunk["TRUNK_PARAMS"] = {"RESNETS": {"DEPTH": 152}}
-    validate_config(cfg, schema)  # the same value twice: accepted
     trunk["TRUNK_PARAMS"] = {"RESNETS": {"DEPTH": 101}}
-    with pytest.raises(ConfigError, match=r"^config.MODEL.TRUNK.TRUNK_PARAMS.RESNETS.DEPTH=101 "
-                                          r"\(VISSL's older key\) and config.MODEL.TRUNK.RESNETS."
-                                          r"DEPTH=152 are both set with different values: keep "
-                                          r"only config.MODEL.TRUNK.RESNETS.DEPTH \(remove the "
-                                          r"older key from the config, or add ~config.MODEL."
-                                          r"TRUNK.TRUNK_PARAMS to the command line\)$"):
+    with caplog.at_level("WARNING", logger="ssl_engine.config.legacy_keys"):
         validate_config(cfg, schema)
+    assert trunk["RESNETS"]["DEPTH"] == 152 and "TRUNK_PARAMS" not in trunk
+    assert ("config.MODEL.TRUNK.TRUNK_PARAMS.RESNETS.DEPTH=101 (VISSL's older key) and "
+            "config.MODEL.TRUNK.RESNETS.DEPTH=152 are both set: config.MODEL.TRUNK.RESNETS.DEPTH "
+            "is used, as VISSL would") in caplog.text
 
 
 def test_an_unknown_key_under_trunk_params_is_named_at_its_new_place():
@@ -223,8 +219,8 @@ def test_an_unknown_key_under_trunk_params_is_named_at_its_new_place():
         validate_config(cfg, schema)
 
 
-def test_older_key_dropped_from_the_command_line_resolves_a_conflict(tmp_path, monkeypatch):
+def test_older_key_dropped_from_the_command_line(tmp_path, monkeypatch):
     _write_tree(tmp_path, monkeypatch)
-    _, cfg = compose_config(["config=model/trunk_params_conflict",
+    _, cfg = compose_config(["config=model/trunk_params_both",
                              "~config.MODEL.TRUNK.TRUNK_PARAMS"])
     assert cfg.MODEL.TRUNK.RESNETS.DEPTH == 152 and "TRUNK_PARAMS" not in cfg.MODEL.TRUNK

@@ -5,13 +5,12 @@ place before validation (one warning per move).
   (e.g. ``TRUNK_PARAMS.RESNETS.DEPTH`` -> ``TRUNK.RESNETS.DEPTH``), key by key;
 - ``config.MONITOR_PERF_STATS`` -> ``config.HOOKS.PERF_STATS.MONITOR_PERF_STATS``.
 
-A current key already set to another value than its default and than the old key's is a
-conflict: refused, naming both keys.
+A current key already set to another value than its default and than the old key's keeps its
+value (VISSL reads only the current key), with a warning naming both keys.
 """
 import logging
 from typing import Any, Iterator, List, Tuple
 
-from ssl_engine.config.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +72,9 @@ def move_legacy_keys(cfg: dict, schema: dict) -> List[Tuple[str, str]]:
             new = new_root + old[len(old_root):]
             current, default = _get(cfg, new), _get(schema, new)
             if current is not _MISSING and current != default and current != leaf:
-                raise ConfigError(
-                    f"{old}={leaf!r} (VISSL's older key) and {new}={current!r} are both set "
-                    f"with different values: keep only {new} (remove the older key from the "
-                    f"config, or add ~{old_root} to the command line)")
+                logger.warning("%s=%r (VISSL's older key) and %s=%r are both set: %s is used, "
+                               "as VISSL would", old, leaf, new, current, new)
+                continue
             _set(cfg, new, leaf)
             section_moves.append((old, new))
         if section_moves:
