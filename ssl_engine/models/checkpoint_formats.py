@@ -12,6 +12,7 @@ Every other head key (mlp, swav_head, dino_head) is spelt alike.
 Conversions here are exact (tensors are shared, not changed) and refuse, with one message that
 names the missing and unexpected keys, a state that does not fit the layout asked for.
 """
+import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
@@ -21,6 +22,7 @@ FEATURE_BLOCKS = "_feature_blocks."
 FEATURE_EXTRACTOR = "base_model."
 VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
 MAX_NAMED = 10
+REGNET_FSDP_GROUP = re.compile(r"^(res\d+\.)block\d+-part\d+\.")
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -50,10 +52,14 @@ def is_vissl_trunk_key(key: str) -> bool:
 
 
 def trunk_key_from_vissl(key: str) -> str:
-    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``; others unchanged."""
+    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``; others unchanged.
+    VISSL's regnet_fsdp groups a stage's blocks in ``block<s>-part<g>`` (one FSDP unit each):
+    ``res2.block1-part0.block1-0.<k>`` is the regnet trunk's ``res2.block1-0.<k>``."""
     if key.startswith(FEATURE_EXTRACTOR + FEATURE_BLOCKS):
         key = key[len(FEATURE_EXTRACTOR):]
-    return key[len(FEATURE_BLOCKS):] if key.startswith(FEATURE_BLOCKS) else key
+    if not key.startswith(FEATURE_BLOCKS):
+        return key
+    return REGNET_FSDP_GROUP.sub(r"\1", key[len(FEATURE_BLOCKS):])
 
 
 def trunk_key_to_vissl(key: str) -> str:
