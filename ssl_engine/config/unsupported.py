@@ -88,10 +88,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.FSDP_CONFIG.clear_autocast_cache":
         "autocast's cache is always cleared when the forward's autocast ends",
     "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
-    "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD":
-        "evaluating the heads with loaded head weights is not implemented",
-    "config.MODEL.FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT":
-        "loaded weights must always match the model's shapes",
     "config.MODEL.HEAD.BATCHNORM_EPS": "heads use torch's batch-norm epsilon (1e-5)",
     "config.MODEL.HEAD.BATCHNORM_MOMENTUM": "heads use torch's batch-norm momentum (0.1)",
     "config.MODEL.HEAD.PARAMS_MULTIPLIER": "scaling the heads' initial weights is not implemented",
