@@ -30,8 +30,8 @@ def set_key(cfg, path, value):
     ("DATA.TRAIN.COLLATE_FUNCTION", "default_collator",
      "config.DATA.TRAIN.COLLATE_FUNCTION=default_collator: no collator is registered under this "
      "name; the closest registered one is 'default_collate'"),
-    ("OPTIMIZER.name", "sgd_fsdp", "config.OPTIMIZER.name=sgd_fsdp: no optimizer is registered "
-                                   "under this name; the closest registered one is 'sgd'"),
+    ("OPTIMIZER.name", "sgdm", "config.OPTIMIZER.name=sgdm: no optimizer is registered "
+                               "under this name; the closest registered one is 'sgd'"),
     ("DATA.TRAIN.TRANSFORMS.2.name", "RandomHorizontalFlp",
      "config.DATA.TRAIN.TRANSFORMS[2].name=RandomHorizontalFlp: no transform is registered under "
      "this name; the closest registered one is 'RandomHorizontalFlip'"),
@@ -77,9 +77,9 @@ def test_names_registered_by_plugins_count(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SSL_ENGINE_PLUGINS", "plugins.pairs_collator")
     status = main([QUICK, f"config.CHECKPOINT.DIR={tmp_path}",
                    "config.DATA.TRAIN.COLLATE_FUNCTION=pairs_collator",
-                   "config.OPTIMIZER.name=sgd_fsdp"])
+                   "config.OPTIMIZER.name=sgdm"])
     err = capsys.readouterr().err
-    assert status == 2 and err.startswith("error: config.OPTIMIZER.name=sgd_fsdp:")
+    assert status == 2 and err.startswith("error: config.OPTIMIZER.name=sgdm:")
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing started
 

@@ -73,13 +73,20 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
                                          "with a large iteration count",
     "config.MODEL.MULTI_INPUT_HEAD_MAPPING": "heads fed by other sample keys are not implemented",
     "config.MODEL.SINGLE_PASS_EVERY_CROP": "crops of one size always go through together",
-    "config.MODEL.FSDP_CONFIG.*":
-        "fairscale's FSDP settings; TRAINER.TASK_NAME=self_supervision_fsdp_task shards with "
-        "torch's FSDP2 by trunk stage or block and takes its precision from MODEL.AMP_PARAMS",
-    "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD":
-        "evaluating the heads with loaded head weights is not implemented",
-    "config.MODEL.FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT":
-        "loaded weights must always match the model's shapes",
+    # FSDP_CONFIG: flatten_parameters, mixed_precision, compute_dtype, fp32_reduce_scatter and
+    # AUTO_WRAP_THRESHOLD are read by self_supervision_fsdp_task (torch's FSDP2; docs/scaling.md)
+    "config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP":
+        "deriving the FSDP settings is not implemented; set "
+        "TRAINER.TASK_NAME=self_supervision_fsdp_task and the FSDP_CONFIG keys yourself",
+    "config.MODEL.FSDP_CONFIG.AMP_TYPE": "apex is not supported; FSDP's precision is "
+                                         "FSDP_CONFIG.mixed_precision/compute_dtype",
+    "config.MODEL.FSDP_CONFIG.FORCE_SYNC_CUDA":
+        "synchronising CUDA between FSDP units (a debugging aid) is not implemented",
+    "config.MODEL.FSDP_CONFIG.bucket_cap_mb":
+        "torch's FSDP2 reduce-scatters each unit's gradients in one call: there are no buckets",
+    "config.MODEL.FSDP_CONFIG.clear_autocast_cache":
+        "autocast's cache is always cleared when the forward's autocast ends",
+    "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
     "config.MODEL.HEAD.BATCHNORM_EPS": "heads use torch's batch-norm epsilon (1e-5)",
     "config.MODEL.HEAD.BATCHNORM_MOMENTUM": "heads use torch's batch-norm momentum (0.1)",
     "config.MODEL.HEAD.PARAMS_MULTIPLIER": "scaling the heads' initial weights is not implemented",
@@ -134,12 +141,10 @@ UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
         **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, regnet, efficientnet, "
                  f"vision_transformer, beit, convnext)" for name in (
-            "regnet_fsdp", "resnet_sk", "xcit", "xcit_fsdp",
+            "resnet_sk", "xcit", "xcit_fsdp",
             "swin_transformer", "convit", "classy_vit", "mobilenetv3_tv",
             "mobilenetv3_timm", "alexnet_bvlc", "alexnet_deepcluster", "alexnet_jigsaw",
             "alexnet_rotnet", "alexnet_colorization")},
-        "vision_transformer_fsdp": "use vision_transformer with "
-                                   "TRAINER.TASK_NAME=self_supervision_fsdp_task",
     },
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (

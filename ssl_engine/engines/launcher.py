@@ -77,12 +77,14 @@ def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
     refers to (engine, task, train step, components), the trunk's settings and the task's own
     checks."""
     from ssl_engine.config.registered_names import check_registered_names
+    from ssl_engine.models.fsdp_names import warn_fsdp_names_without_fsdp_task
     from ssl_engine.models.trunks import check_trunk_config
     from ssl_engine.trainer.train_steps import get_train_step
     from ssl_engine.utils.classy import TASK_REGISTRY
     from ssl_engine.utils.registry import lookup
 
     check_registered_names(engine_name, cfg)  # every component the config names exists
+    warn_fsdp_names_without_fsdp_task(engine_name, cfg)
     get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     check_trunk_config(cfg.MODEL)

@@ -19,6 +19,7 @@ engine writes into its own checkpoints (``rng_states``, ``config``).
 Conversions here are exact (tensors are shared, not changed) and refuse, with one message that
 names the missing and unexpected keys, a state that does not fit the layout asked for.
 """
+import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
@@ -28,6 +29,7 @@ FEATURE_BLOCKS = "_feature_blocks."
 FEATURE_EXTRACTOR = "base_model."
 VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
 MAX_NAMED = 10
+REGNET_FSDP_GROUP = re.compile(r"^(res\d+\.)block\d+-part\d+\.")
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -88,7 +90,12 @@ def trunk_key_from_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
     (any prefix); others unchanged."""
     if key.startswith(FEATURE_EXTRACTOR):
         key = key[len(FEATURE_EXTRACTOR):]
-    return key[len(prefix):] if prefix and key.startswith(prefix) else key
+    key = key[len(prefix):] if prefix and key.startswith(prefix) else key
+    # VISSL's regnet_fsdp groups a stage's blocks in block<s>-part<g> (one FSDP unit each):
+    # _feature_blocks.res2.block1-part0.block1-0.<k> is the regnet's _feature_blocks.res2.block1-0.<k>
+    if key.startswith(FEATURE_BLOCKS):
+        key = FEATURE_BLOCKS + REGNET_FSDP_GROUP.sub(r"\1", key[len(FEATURE_BLOCKS):])
+    return key
 
 
 def trunk_key_to_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:

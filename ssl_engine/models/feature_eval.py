@@ -59,6 +59,8 @@ class FeatureEvalSettings:
     freeze_trunk_and_head: bool = False
     extract_trunk_features_only: bool = False
     should_flatten_feats: bool = True
+    eval_trunk_and_head: bool = False
+    assert_head_layer_shape_init: bool = True
     pool_ops: List[Tuple[str, nn.Module]] = field(default_factory=list)
 
     @classmethod
@@ -70,6 +72,8 @@ class FeatureEvalSettings:
             freeze_trunk_and_head=bool(cfg.get("FREEZE_TRUNK_AND_HEAD", False)),
             extract_trunk_features_only=bool(cfg.get("EXTRACT_TRUNK_FEATURES_ONLY", False)),
             should_flatten_feats=bool(cfg.get("SHOULD_FLATTEN_FEATS", True)),
+            eval_trunk_and_head=bool(cfg.get("EVAL_TRUNK_AND_HEAD", False)),
+            assert_head_layer_shape_init=bool(cfg.get("ASSERT_HEAD_LAYER_SHAPE_INIT", True)),
             pool_ops=parse_pool_ops_map(cfg.get("LINEAR_EVAL_FEAT_POOL_OPS_MAP", [])),
         )
 

@@ -150,6 +150,24 @@ def check_weights_file(weights_cfg: Mapping[str, Any]) -> None:
         read_state(weights_cfg, mmap=True)
 
 
+HEADS = "heads."
+EVAL_TRUNK_AND_HEAD = "MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD"
+
+
+def _check_heads_loaded(report: WeightsInitReport, targets: Mapping[str, torch.Tensor]) -> None:
+    """EVAL_TRUNK_AND_HEAD: every head tensor of the model comes from the file."""
+    loaded = set(report.loaded)
+    missing = [key for key in targets if key.startswith(HEADS) and key not in loaded]
+    if missing:
+        shown = ", ".join(missing[:MAX_LOGGED_NAMES])
+        raise WeightsInitError(
+            f"config.{EVAL_TRUNK_AND_HEAD}=true evaluates the heads with the weights of "
+            f"{report.params_file}, but {len(missing)} head tensor(s) are not loaded from it "
+            f"(absent, skipped or reshaped): {shown}; give config.MODEL.HEAD.PARAMS the heads "
+            f"the file was trained with, or set {EVAL_TRUNK_AND_HEAD}=false to evaluate new "
+            "heads on the loaded trunk")
+
+
 def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> WeightsInitReport:
     """Copy the matching tensors of ``weights_cfg["PARAMS_FILE"]`` into ``model`` and report.
 
@@ -159,6 +177,11 @@ def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> Weigh
     weights-only, WeightsInitError (a ValueError) when the file is no state dict, when a key
     has another shape in the file than in the model (naming the key and both shapes) or when
     no key matched at all.
+
+    The model's MODEL.FEATURE_EVAL_SETTINGS (``model.eval_settings``) adds two checks:
+    EVAL_TRUNK_AND_HEAD=true requires every head tensor to come from the file (the heads are
+    evaluated with the file's weights); ASSERT_HEAD_LAYER_SHAPE_INIT=false leaves head keys of
+    another shape at their initial values (reported as skipped) instead of refusing the file.
     """
     if not weights_cfg.get("PARAMS_FILE"):
         raise WeightsInitError(f"{WHERE}.PARAMS_FILE is empty: nothing to load")
@@ -176,6 +199,20 @@ def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> Weigh
         else:
             report.unexpected.append(key)
 
+    settings = getattr(model, "eval_settings", None)
+    if settings is not None and not settings.assert_head_layer_shape_init:
+        # FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT=false: reshaped head keys are
+        # left at their initial values instead of refused
+        reshaped_heads = [key for key in report.loaded if key.startswith(HEADS)
+                          and tuple(state[key].shape) != tuple(targets[key].shape)]
+        for key in reshaped_heads:
+            logger.info("%s: %s has shape %s in the file and %s in the model: not loaded "
+                        "(ASSERT_HEAD_LAYER_SHAPE_INIT=false)", WHERE, key,
+                        tuple(state[key].shape), tuple(targets[key].shape))
+        report.loaded = [key for key in report.loaded if key not in reshaped_heads]
+        report.skipped += reshaped_heads
+    if settings is not None and settings.eval_trunk_and_head:
+        _check_heads_loaded(report, targets)
     reshaped = [
         f"{key}: file {tuple(state[key].shape)} vs model {tuple(targets[key].shape)}"
         for key in report.loaded

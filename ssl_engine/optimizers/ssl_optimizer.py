@@ -40,8 +40,21 @@ _CLASSY_SETTINGS: Dict[str, Callable[[Mapping[str, Any]], Dict[str, Any]]] = {
 
 
 def optimizer_names():
-    """The names OPTIMIZER.name may take."""
-    return sorted(_CLASSY_SETTINGS)
+    """The names OPTIMIZER.name may take (VISSL's sgd_fsdp among them: see ordinary_optimizer)."""
+    from ssl_engine.models.fsdp_names import FSDP_OPTIMIZERS
+
+    return sorted([*_CLASSY_SETTINGS, *FSDP_OPTIMIZERS])
+
+
+def ordinary_optimizer(name: str) -> str:
+    """The optimizer an OPTIMIZER.name builds: VISSL's sgd_fsdp is SGD (its FSDP-aware LARC has
+    no use here: LARC is refused with the FSDP task), others are themselves."""
+    from ssl_engine.models.fsdp_names import FSDP_OPTIMIZERS
+
+    if name in FSDP_OPTIMIZERS:
+        logger.info("optimizer %s: built as the ordinary %s", name, FSDP_OPTIMIZERS[name])
+        return FSDP_OPTIMIZERS[name]
+    return name
 
 
 class SSLOptimizer:
@@ -153,7 +166,7 @@ def shard_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOptimizer:
     """The optimizer ``cfg.OPTIMIZER`` describes, over ``model``'s trainable parameters."""
-    name = optimizer_cfg["name"]
+    name = ordinary_optimizer(optimizer_cfg["name"])
     settings = lookup(_CLASSY_SETTINGS, name, "optimizer")(optimizer_cfg)
     classy_optimizer = OPTIMIZER_REGISTRY[name].from_config(settings)
     weight_decay = build_weight_decay_scheduler(optimizer_cfg)

@@ -18,10 +18,11 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ssl_engine.trainer.task import SelfSupervisionTask
 from ssl_engine.utils.classy import register_task
@@ -32,10 +33,59 @@ logger = logging.getLogger(__name__)
 SHARDED_SUFFIX = ".sharded"
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Rank 0's weights on every rank, then ``fully_shard`` on the trunk's units, each head,
-    then the whole model (in place)."""
-    from torch.distributed.fsdp import fully_shard
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+FSDP_CONFIG = "config.MODEL.FSDP_CONFIG"
+
+
+def _dtype(fsdp_cfg) -> torch.dtype:
+    value = fsdp_cfg.get("compute_dtype", "float32")
+    if isinstance(value, torch.dtype) and value in _DTYPES.values():
+        return value
+    name = str(value).replace("torch.", "")
+    if name not in _DTYPES:
+        from ssl_engine.config import ConfigError
+
+        raise ConfigError(f"{FSDP_CONFIG}.compute_dtype={value!r} is not one of "
+                          f"{', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def mixed_precision_policy(fsdp_cfg):
+    """FSDP_CONFIG's fairscale precision as FSDP2's MixedPrecisionPolicy for the trunk (None:
+    float32). As in fairscale, ``mixed_precision`` with a ``compute_dtype`` below float32
+    gathers the parameters in that dtype for the forward and backward (the sharded parameters
+    and the optimizer stay float32), and ``fp32_reduce_scatter`` reduces the gradients in
+    float32 instead of the compute dtype."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    fsdp_cfg = fsdp_cfg or {}
+    dtype = _dtype(fsdp_cfg)
+    if not fsdp_cfg.get("mixed_precision", True) or dtype == torch.float32:
+        return None
+    reduce = torch.float32 if fsdp_cfg.get("fp32_reduce_scatter", False) else dtype
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce)
+
+
+def fsdp_units(model: torch.nn.Module, fsdp_cfg=None) -> List[Tuple[str, torch.nn.Module]]:
+    """(name, module) of every unit ``shard_model`` shards on its own, inner ones first:
+    with FSDP_CONFIG.AUTO_WRAP_THRESHOLD > 0 each trunk convolution with at least that many
+    parameters, then the trunk's stages or blocks (``fsdp_units()``), then every head with
+    parameters. The model itself is sharded last (the parameters left: stem, pools ...)."""
+    threshold = int((fsdp_cfg or {}).get("AUTO_WRAP_THRESHOLD", 0) or 0)
+    names = {id(module): name for name, module in model.named_modules()}
+    units = []
+    if threshold > 0:
+        units += [module for module in model.trunk.modules() if isinstance(module, nn.Conv2d)
+                  and sum(p.numel() for p in module.parameters()) >= threshold]
+    units += list(getattr(model.trunk, "fsdp_units", lambda: [])())
+    units += [head for head in model.heads if any(True for _ in head.parameters())]
+    return [(names[id(unit)], unit) for unit in units]
+
+
+def shard_model(model: torch.nn.Module, fsdp_cfg=None) -> torch.nn.Module:
+    """Rank 0's weights on every rank, then ``fully_shard`` on the units of ``fsdp_units``, then
+    the whole model (in place), with FSDP_CONFIG's precision (``mixed_precision_policy``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     with torch.no_grad():  # every rank starts from rank 0's weights, as with DDP
         for tensor in [*model.parameters(), *model.buffers()]:
@@ -45,11 +95,25 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
         for param in model.parameters():
             if not param.is_contiguous():
                 param.data = param.data.contiguous()
-    units = list(getattr(model.trunk, "fsdp_units", lambda: [])())
-    units += [head for head in model.heads if any(True for _ in head.parameters())]
-    for unit in units:
-        fully_shard(unit)
-    fully_shard(model)
+    policy = mixed_precision_policy(fsdp_cfg)
+    units = fsdp_units(model, fsdp_cfg)
+    trunk_policy = {} if policy is None else {"mp_policy": policy}
+    if policy is not None:
+        # batch norms keep float32 parameters (their own units, inputs not cast), and heads
+        # run in float32 (their inputs cast up), as without FSDP (see float32_heads)
+        for module in model.trunk.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.affine:
+                fully_shard(module, mp_policy=MixedPrecisionPolicy())
+    heads = {id(head) for head in model.heads}
+    for _, unit in units:
+        fully_shard(unit, **({"mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32)}
+                             if policy is not None and id(unit) in heads else trunk_policy))
+    fully_shard(model, **trunk_policy)
+    if get_rank() == 0:
+        logger.info("FSDP units: %s, and the rest of the model%s", ", ".join(n for n, _ in units),
+                    "" if policy is None else
+                    f" (parameters gathered in {policy.param_dtype}, gradients reduced in "
+                    f"{policy.reduce_dtype}; batch norms and heads in float32)")
     return model
 
 
@@ -67,6 +131,12 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
         from ssl_engine.losses.momentum_target import MomentumTargetLoss
         from ssl_engine.models.ema import ema_model_enabled
 
+        fsdp_cfg = cfg.MODEL.FSDP_CONFIG
+        mixed_precision_policy(fsdp_cfg)  # compute_dtype is known
+        threshold = fsdp_cfg.get("AUTO_WRAP_THRESHOLD", 0)
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+            raise ConfigError(f"{FSDP_CONFIG}.AUTO_WRAP_THRESHOLD must be an integer >= 0 (0: "
+                              f"no convolution is a unit of its own), got {threshold!r}")
         why = None
         if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
             why = ("config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true: FSDP already shards the "
@@ -92,7 +162,12 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
         return False  # FSDP2 shards contiguous parameters only
 
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        model = shard_model(model)  # the model itself, its parameters now sharded DTensors
+        fsdp_cfg = self.config.MODEL.FSDP_CONFIG
+        if get_rank() == 0:
+            logger.info("%s.flatten_parameters=%s: FSDP2 shards every parameter on its own "
+                        "(no flat buffers); the setting does not change the results",
+                        FSDP_CONFIG, fsdp_cfg.get("flatten_parameters", True))
+        model = shard_model(model, fsdp_cfg)  # the model itself, its parameters sharded DTensors
         if broadcast_buffers(self.config) and any(True for _ in model.buffers()):
             # fully_shard leaves buffers replicated and does not sync them
             model.register_forward_pre_hook(BufferBroadcast(model))
