@@ -31,8 +31,10 @@ VISSL_TREE = {
                      "stratified sampler is not implemented"),
     "model/regnet": ("  MODEL: {TRUNK: {NAME: regnet, REGNET: {name: regnet_y_400mf}}}", None),
     "model/resnext": ("  MODEL: {TRUNK: {RESNETS: {DEPTH: 50, GROUPS: 32}}}", None),
-    "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk}}",
-                        "config.MODEL.TRUNK.NAME=resnet_sk is not supported: the resnet_sk trunk"),
+    "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk, RESNETS_SK: {DEPTH: 152, "
+                        "WIDTH_MULTIPLIER: 3, SK_RATIO: 0.0625}}}", None),
+    "model/xcit": ("  MODEL: {TRUNK: {NAME: xcit}}",
+                   "config.MODEL.TRUNK.NAME=xcit is not supported: the xcit trunk"),
     "model/fsdp": ("  MODEL: {FSDP_CONFIG: {flatten_parameters: false}}",
                    "config.MODEL.FSDP_CONFIG.flatten_parameters=False is not supported: "
                    "fairscale's FSDP settings; TRAINER.TASK_NAME=self_supervision_fsdp_task"),

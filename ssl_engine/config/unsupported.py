@@ -137,9 +137,9 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
 _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
-        **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, regnet, efficientnet, "
-                 f"vision_transformer)" for name in (
-            "regnet_fsdp", "resnet_sk", "xcit", "xcit_fsdp",
+        **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, resnet_sk, regnet, "
+                 f"efficientnet, vision_transformer)" for name in (
+            "regnet_fsdp", "xcit", "xcit_fsdp",
             "swin_transformer", "beit", "convnext", "convit", "classy_vit", "mobilenetv3_tv",
             "mobilenetv3_timm", "alexnet_bvlc", "alexnet_deepcluster", "alexnet_jigsaw",
             "alexnet_rotnet", "alexnet_colorization")},
