@@ -34,14 +34,16 @@ VISSL_TREE = {
     "model/trunk_params": ("  MODEL: {TRUNK: {TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}", None),
     "model/trunk_params_both": (
         "  MODEL: {TRUNK: {RESNETS: {DEPTH: 152}, TRUNK_PARAMS: {RESNETS: {DEPTH: 101}}}}", None),
-    "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk}}",
-                        "config.MODEL.TRUNK.NAME=resnet_sk is not supported: the resnet_sk trunk"),
     "model/fsdp": ("  MODEL: {TRUNK: {NAME: regnet_fsdp}, FSDP_CONFIG: {flatten_parameters: "
                    "false, mixed_precision: true, compute_dtype: float16, "
                    "AUTO_WRAP_THRESHOLD: 100000000}}", None),
     "model/fsdp_sync": ("  MODEL: {FSDP_CONFIG: {FORCE_SYNC_CUDA: true}}",
                         "config.MODEL.FSDP_CONFIG.FORCE_SYNC_CUDA=True is not supported: "
                         "synchronising CUDA between FSDP units"),
+    "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk, RESNETS_SK: {DEPTH: 152, "
+                        "WIDTH_MULTIPLIER: 3, SK_RATIO: 0.0625}}}", None),
+    "model/xcit": ("  MODEL: {TRUNK: {NAME: xcit}}",
+                   "config.MODEL.TRUNK.NAME=xcit is not supported: the xcit trunk"),
     "model/amp": ("  MODEL: {AMP_PARAMS: {USE_AMP: true, AMP_TYPE: apex, AMP_ARGS: {opt_level: O1}}}",
                   None),  # composes; apex itself is refused when the model is built
     "loss/nce": ("  LOSS: {name: nce_loss_with_memory, nce_loss_with_memory: {temperature: 0.07}}",

@@ -139,9 +139,9 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
 _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
-        **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, regnet, efficientnet, "
-                 f"vision_transformer, beit, convnext)" for name in (
-            "resnet_sk", "xcit", "xcit_fsdp",
+        **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, resnet_sk, regnet, "
+                 f"efficientnet, vision_transformer, beit, convnext)" for name in (
+            "xcit", "xcit_fsdp",
             "swin_transformer", "convit", "classy_vit", "mobilenetv3_tv",
             "mobilenetv3_timm", "alexnet_bvlc", "alexnet_deepcluster", "alexnet_jigsaw",
             "alexnet_rotnet", "alexnet_colorization")},

@@ -9,6 +9,7 @@ from ssl_engine.models.trunks.convnext import ConvNeXtTrunk  # noqa: F401  ("con
 from ssl_engine.models.trunks.efficientnet import EfficientNetTrunk  # noqa: F401  ("efficientnet")
 from ssl_engine.models.trunks.regnet import RegNetTrunk  # noqa: F401  (registers "regnet")
 from ssl_engine.models.trunks.resnet import ResNetTrunk  # noqa: F401  (registers "resnet")
+from ssl_engine.models.trunks.resnet_sk import ResNetSKTrunk  # noqa: F401  ("resnet_sk")
 # registers "vision_transformer"
 from ssl_engine.models.trunks.vision_transformer import VisionTransformerTrunk  # noqa: F401
 
