@@ -37,9 +37,9 @@ def to_vissl(source: dict) -> dict:
         raise formats.CheckpointFormatError("the file is already in VISSL's layout (trunk keys "
                                             "under _feature_blocks.)")
     trunk_name = (((source.get("config") or {}).get("MODEL") or {}).get("TRUNK") or {}).get("NAME")
-    if trunk_name not in (None, "resnet"):
+    if trunk_name not in (None, "resnet") and not str(trunk_name).startswith("alexnet_"):
         raise formats.CheckpointFormatError(
-            f"only ResNet trunks have a VISSL layout here; this checkpoint's trunk is "
+            f"only ResNet and AlexNet trunks have a VISSL layout here; this checkpoint's trunk is "
             f"'{trunk_name}' (MODEL.TRUNK.NAME)")
     position = {key: source[key] for key in POSITION_KEYS if key in source}
     return formats.vissl_checkpoint(model_state, **position)

@@ -138,11 +138,10 @@ _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
         **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, regnet, efficientnet, "
-                 f"vision_transformer)" for name in (
+                 f"vision_transformer, alexnet_*)" for name in (
             "regnet_fsdp", "resnet_sk", "xcit", "xcit_fsdp",
             "swin_transformer", "beit", "convnext", "convit", "classy_vit", "mobilenetv3_tv",
-            "mobilenetv3_timm", "alexnet_bvlc", "alexnet_deepcluster", "alexnet_jigsaw",
-            "alexnet_rotnet", "alexnet_colorization")},
+            "mobilenetv3_timm")},
         "vision_transformer_fsdp": "use vision_transformer with "
                                    "TRAINER.TASK_NAME=self_supervision_fsdp_task",
     },

@@ -7,6 +7,8 @@ VISSL keeps the same ``classy_state_dict -> base_model -> model -> {trunk, heads
 but its ResNet trunk holds its layers in ``_feature_blocks`` (``_feature_blocks.conv1.weight``),
 under ``base_model._feature_blocks.`` when the trunk was wrapped for feature evaluation, and
 its ``eval_mlp`` head keeps its linear layers in ``clf.clf.`` where ours has ``mlp.clf.``.
+A few VISSL trunks hold parameters beside ``_feature_blocks`` (alexnet_deepcluster's fixed
+Sobel filter, ``sobel.*``): those keep their names in both layouts.
 Every other head key (mlp, swav_head, dino_head) is spelt alike.
 
 Conversions here are exact (tensors are shared, not changed) and refuse, with one message that
@@ -19,6 +21,7 @@ import torchvision
 
 FEATURE_BLOCKS = "_feature_blocks."
 FEATURE_EXTRACTOR = "base_model."
+BESIDE_FEATURE_BLOCKS = ("sobel.",)  # VISSL trunk keys outside _feature_blocks, named alike
 VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
 MAX_NAMED = 10
 
@@ -49,15 +52,23 @@ def is_vissl_trunk_key(key: str) -> bool:
     return key.startswith(FEATURE_BLOCKS) or key.startswith(FEATURE_EXTRACTOR + FEATURE_BLOCKS)
 
 
+def is_beside_feature_blocks(key: str) -> bool:
+    """A VISSL trunk key outside ``_feature_blocks`` that this engine names alike."""
+    return key.startswith(BESIDE_FEATURE_BLOCKS)
+
+
 def trunk_key_from_vissl(key: str) -> str:
-    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``; others unchanged."""
-    if key.startswith(FEATURE_EXTRACTOR + FEATURE_BLOCKS):
-        key = key[len(FEATURE_EXTRACTOR):]
+    """``[base_model.]_feature_blocks.conv1.weight`` -> ``conv1.weight``,
+    ``[base_model.]sobel.0.weight`` -> ``sobel.0.weight``; others unchanged."""
+    if key.startswith(FEATURE_EXTRACTOR):
+        inner = key[len(FEATURE_EXTRACTOR):]
+        if inner.startswith(FEATURE_BLOCKS) or is_beside_feature_blocks(inner):
+            key = inner
     return key[len(FEATURE_BLOCKS):] if key.startswith(FEATURE_BLOCKS) else key
 
 
 def trunk_key_to_vissl(key: str) -> str:
-    return FEATURE_BLOCKS + key
+    return key if is_beside_feature_blocks(key) else FEATURE_BLOCKS + key
 
 
 def head_key_from_vissl(key: str) -> str:
@@ -105,9 +116,11 @@ def is_vissl_model_state(model_state: Mapping[str, Any]) -> bool:
 
 def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
     """VISSL's ``{trunk, heads}`` in this engine's names. Refuses a trunk with keys outside
-    ``_feature_blocks`` (not a VISSL ResNet-style trunk), naming them."""
+    ``_feature_blocks`` (not a VISSL ResNet-style trunk), naming them; ``sobel.*`` (and
+    ``base_model.sobel.*``) aside."""
     trunk = dict(model_state.get("trunk") or {})
-    outside = [key for key in trunk if not is_vissl_trunk_key(key)]
+    outside = [key for key in trunk if not is_vissl_trunk_key(key)
+               and not is_beside_feature_blocks(trunk_key_from_vissl(key))]
     if not trunk or outside:
         raise CheckpointFormatError(key_mismatch_message(
             "the trunk is not in VISSL's layout (every key under _feature_blocks.)",
