@@ -140,11 +140,10 @@ _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
         **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, resnet_sk, regnet, "
-                 f"efficientnet, vision_transformer, beit, convnext)" for name in (
+                 f"efficientnet, vision_transformer, beit, convnext, alexnet_*)" for name in (
             "xcit", "xcit_fsdp",
             "swin_transformer", "convit", "classy_vit", "mobilenetv3_tv",
-            "mobilenetv3_timm", "alexnet_bvlc", "alexnet_deepcluster", "alexnet_jigsaw",
-            "alexnet_rotnet", "alexnet_colorization")},
+            "mobilenetv3_timm")},
     },
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (

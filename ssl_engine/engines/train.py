@@ -28,9 +28,9 @@ def check_resume_files(cfg) -> None:
                 raise CheckpointError(
                     f"the latest checkpoint of config.CHECKPOINT.DIR={cfg.CHECKPOINT.DIR} is not "
                     f"one of this engine (no classy_state_dict; keys: {sorted(checkpoint)[:10]})")
-            if is_vissl_checkpoint(checkpoint):  # its weights start the run (task.prepare)
-                model_state_from_vissl(model_state_of(checkpoint),
-                                       vissl_key_prefix(cfg.MODEL.TRUNK.NAME))
+            prefix = vissl_key_prefix(cfg.MODEL.TRUNK.NAME)
+            if is_vissl_checkpoint(checkpoint, prefix):  # its weights start the run (task.prepare)
+                model_state_from_vissl(model_state_of(checkpoint), prefix)
             return  # a resumed run does not read WEIGHTS_INIT
     check_weights_file(cfg.MODEL.WEIGHTS_INIT)
 

@@ -7,8 +7,11 @@ spelt depends on the trunk, which each trunk class says with ``VISSL_KEY_PREFIX`
 - the ResNet trunk is named as in torchvision here (``conv1.weight``, ``layer1.0.conv1.weight``;
   no ``fc``), while VISSL holds the same layers in ``_feature_blocks``
   (``_feature_blocks.conv1.weight``): its prefix is ``_feature_blocks.``;
-- the other trunks (RegNet, EfficientNet, BEiT, ConvNeXt ...) are spelt as VISSL spells them
-  (some hold their own ``_feature_blocks``): their prefix is empty.
+- the AlexNet trunks hold their blocks as ``0..8`` here and in VISSL's ``_feature_blocks``:
+  their prefix is ``_feature_blocks.`` too, but DeepCluster's fixed Sobel filter (``sobel.*``)
+  sits beside ``_feature_blocks`` in both (``BESIDE_FEATURE_BLOCKS``);
+- the other trunks (RegNet, EfficientNet, ResNet-SK, BEiT, ConvNeXt ...) are spelt as VISSL
+  spells them (some hold their own ``_feature_blocks``): their prefix is empty.
 
 A trunk that VISSL wrapped for feature evaluation has its keys under ``base_model.`` besides,
 and VISSL's ``eval_mlp`` head keeps its linear layers in ``clf.clf.`` where ours has
@@ -27,6 +30,7 @@ import torchvision
 
 FEATURE_BLOCKS = "_feature_blocks."
 FEATURE_EXTRACTOR = "base_model."
+BESIDE_FEATURE_BLOCKS = ("sobel.",)  # VISSL trunk keys outside _feature_blocks, named alike
 VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
 MAX_NAMED = 10
 REGNET_FSDP_GROUP = re.compile(r"^(res\d+\.)block\d+-part\d+\.")
@@ -99,7 +103,7 @@ def trunk_key_from_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
 
 
 def trunk_key_to_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
-    return prefix + key
+    return key if key.startswith(BESIDE_FEATURE_BLOCKS) else prefix + key
 
 
 def head_key_from_vissl(key: str) -> str:
@@ -150,7 +154,8 @@ def model_state_from_vissl(model_state: Mapping[str, Mapping[str, torch.Tensor]]
     """VISSL's ``{trunk, heads}`` in this engine's names. With a prefix (ResNet), refuses a
     trunk with keys outside it and ``base_model.``, naming them."""
     trunk = dict(model_state.get("trunk") or {})
-    outside = [key for key in trunk if prefix and not is_vissl_trunk_key(key, prefix)]
+    outside = [key for key in trunk if prefix and not is_vissl_trunk_key(key, prefix)
+               and not key.startswith(BESIDE_FEATURE_BLOCKS)]
     if not trunk or outside:
         raise CheckpointFormatError(key_mismatch_message(
             f"the trunk is not in VISSL's layout (every key under {prefix})",
@@ -257,16 +262,18 @@ VISSL_RESUME_NOT_RESTORED = (
 ENGINE_CHECKPOINT_KEYS = ("rng_states", "config")  # written by this engine's checkpoint hook
 
 
-def is_vissl_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
+def is_vissl_checkpoint(checkpoint: Mapping[str, Any], prefix: str = "") -> bool:
     """Whether a training checkpoint is VISSL's: it holds a model state and none of what this
-    engine writes into its own (``ENGINE_CHECKPOINT_KEYS``)."""
+    engine writes into its own training checkpoints (``ENGINE_CHECKPOINT_KEYS``); where the
+    trunk has a VISSL ``prefix``, a trunk key under it too (a weights file of this engine,
+    written by ``engine_checkpoint``, has none)."""
     if any(key in checkpoint for key in ENGINE_CHECKPOINT_KEYS):
         return False
     try:
-        model_state_of(checkpoint)
+        model_state = model_state_of(checkpoint)
     except CheckpointFormatError:
         return False
-    return True
+    return not prefix or is_vissl_model_state(model_state, prefix)
 
 
 def load_vissl_model_weights(model: torch.nn.Module, checkpoint: Mapping[str, Any]) -> None:

@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions
 from ssl_engine.models.checkpoint_formats import (VISSL_RESUME_NOT_RESTORED, is_vissl_checkpoint,
-                                                  load_vissl_model_weights)
+                                                  load_vissl_model_weights, vissl_key_prefix)
 from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_loss
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
@@ -87,7 +87,8 @@ class SelfSupervisionTask(ClassyTask):
         if cfg.TEST_MODEL:
             self.datasets["TEST"] = build_dataset(cfg, "TEST")
         self.base_model = convert_sync_bn(build_model(cfg.MODEL), cfg).to(self.device)
-        if checkpoint is not None and is_vissl_checkpoint(checkpoint):
+        if checkpoint is not None and is_vissl_checkpoint(
+                checkpoint, vissl_key_prefix(cfg.MODEL.TRUNK.NAME)):
             self._start_from_vissl_checkpoint(checkpoint)  # weights only: before any wrapping
             checkpoint = None
         elif cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and checkpoint is None:  # a resume checkpoint wins

@@ -4,6 +4,8 @@ A trunk class may define ``check_config(model_cfg)``: the launcher calls it befo
 starts, so that a bad MODEL.TRUNK setting is refused with its key's name.
 """
 from ssl_engine.models.registry import MODEL_TRUNKS
+# registers alexnet_deepcluster, alexnet_bvlc, alexnet_jigsaw, alexnet_rotnet, alexnet_colorization
+from ssl_engine.models.trunks.alexnet import ALEXNET_TRUNKS  # noqa: F401
 from ssl_engine.models.trunks.beit import BEiTTrunk  # noqa: F401  (registers "beit")
 from ssl_engine.models.trunks.convnext import ConvNeXtTrunk  # noqa: F401  ("convnext")
 from ssl_engine.models.trunks.efficientnet import EfficientNetTrunk  # noqa: F401  ("efficientnet")
