@@ -74,8 +74,12 @@ VISSL_TREE = {
     "machine/cpu": ("  MACHINE: {DEVICE: cpu}\n  VERBOSE: true", None),
     "slurm/job": ("  SLURM: {USE_SLURM: false, NAME: vissl, ADDITIONAL_PARAMETERS: {account: a}}",
                   None),
-    "benchmark/svm": ("  SVM: {costs: {costs_list: [0.5]}}",
-                      "config.SVM.costs.costs_list=[0.5] is not supported: VISSL's SVM tool"),
+    "benchmark/svm": ("  SVM: {costs: {costs_list: [0.01, 0.1, 1.0, 2, 5, 10]}, normalize: true, "
+                      "cls_list: [0, 3], cross_val_folds: 3, force_retrain: false}\n"
+                      "  SVM_FEATURES_PATH: /features", None),
+    "benchmark/svm_low_shot": ("  SVM: {low_shot: {dataset_name: places205, k_values: [10]}}",
+                               "config.SVM.low_shot.dataset_name='places205' is not supported: "
+                               "the low-shot SVM benchmark"),
     "data/everstore": ("  DATA: {TRAIN: {DATA_SOURCES: [everstore], LABEL_SOURCES: [disk_filelist]}}",
                        "config.DATA.TRAIN.DATA_SOURCES=everstore is not supported: everstore is an "
                        "image store internal"),

@@ -119,8 +119,9 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     # VISSL's separate tools
     "config.CLUSTERFIT.*": _TOOL.format("ClusterFit"),
     "config.RANKING.*": _TOOL.format("ranking"),
-    "config.SVM.*": _TOOL.format("SVM"),
-    "config.SVM_FEATURES_PATH": _TOOL.format("SVM"),
+    "config.SVM.low_shot": "the low-shot SVM benchmark (VISSL's train_svm_low_shot.py) is not "
+                           "implemented; tools/train_svm.py trains on every train sample, and "
+                           "tools/low_shot_test.py is the low-shot k-NN",
     "config.IMG_RETRIEVAL.*": _TOOL.format("instance retrieval"),
     "config.LOW_SHOT_BENCHMARK.*": _TOOL.format("low-shot logistic regression")
                                   + "; tools/low_shot_test.py reads LOW_SHOT",

@@ -1,10 +1,12 @@
 """Evaluation of extracted features from the command line (``tools/nearest_neighbor_test.py``,
-``tools/low_shot_test.py``): the features are read from the extraction folder, and the
+``tools/low_shot_test.py``, ``tools/train_svm.py``):
+the features are read from the extraction folder, and the
 ``extract_features`` engine runs first when they are missing or stale.
 """
 import logging
 import sys
-from typing import Callable, Dict, Sequence
+from pathlib import Path
+from typing import Callable, Dict, Sequence, Tuple
 
 from ssl_engine.data.paths import SPLITS
 from ssl_engine.evaluation.extracted import (ExtractedFeatures, extraction_dir, has_extracted,
@@ -59,6 +61,19 @@ def run_evaluation_tool(argv: Sequence[str], evaluate: Evaluation) -> int:
     Gets (or extracts) the TRAIN and TEST features of NEAREST_NEIGHBOR.FEATURES_LAYER (default:
     the first extracted layer), calls ``evaluate(cfg, layer, {split: features})`` and appends the
     record it returns to ``metrics.json`` in the extraction folder. Returns the exit status."""
+    def run(cfg):
+        layer = evaluation_layer(cfg, cfg.NEAREST_NEIGHBOR.FEATURES_LAYER)
+        data = get_or_extract(cfg, layer)
+        return extraction_dir(cfg), evaluate(cfg, layer, data)
+
+    return run_tool(argv, run)
+
+
+def run_tool(argv: Sequence[str], run: Callable[[object], Tuple[Path, Dict[str, object]]]) -> int:
+    """Compose the config of ``argv`` (``config=<group>/<name> [config.A.B=v ...]``), call
+    ``run(cfg)``, which returns ``(folder, record)``, and append ``record`` to
+    ``folder/metrics.json``. A configuration, data or checkpoint error is printed as one line
+    and gives exit status 2; success gives 0."""
     from ssl_engine.config import ConfigError, load_config
     from ssl_engine.engines.plugins import import_plugins
     from ssl_engine.hooks.log_hooks import append_metrics
@@ -72,12 +87,11 @@ def run_evaluation_tool(argv: Sequence[str], evaluate: Evaluation) -> int:
     try:
         import_plugins()
         _, cfg = load_config(list(argv))
-        layer = evaluation_layer(cfg, cfg.NEAREST_NEIGHBOR.FEATURES_LAYER)
-        data = get_or_extract(cfg, layer)
-        record = evaluate(cfg, layer, data)
+        folder, record = run(cfg)
     except (CheckpointError, ConfigError, ExtractionError, FileNotFoundError,
             NotADirectoryError, RunLockError, UnknownNameError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    append_metrics(str(extraction_dir(cfg)), record)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    append_metrics(str(folder), record)
     return 0

@@ -1,1 +1,1 @@
-"""Evaluation of learned features: feature computation, k-NN and low-shot classifiers."""
+"""Evaluation of learned features: feature computation, k-NN, low-shot and linear SVMs."""

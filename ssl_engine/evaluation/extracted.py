@@ -91,3 +91,13 @@ def load_extracted(folder, split: str, layer: str, mmap: bool = False) -> Extrac
         raise FileNotFoundError(f"no extracted features: missing {', '.join(missing)}")
     mode = "r" if mmap else None
     return ExtractedFeatures(*(np.load(paths[kind], mmap_mode=mode) for kind in FILE_KINDS))
+
+
+def extracted_layers(folder, splits) -> list:
+    """The layers (sorted) whose three files exist in ``folder`` for every split of ``splits``."""
+    suffix = "_features.npy"
+    first = str(splits[0]).lower() + "_"
+    names = [p.name for p in Path(folder).glob(f"{first}*{suffix}")]
+    layers = sorted(name[len(first):-len(suffix)] for name in names)
+    return [layer for layer in layers if all(has_extracted(folder, split, layer)
+                                             for split in splits)]
