@@ -85,3 +85,34 @@ def test_mlp_errors():
         MLP(dims=[4])
     with pytest.raises(ValueError, match="expects 4 input features"):
         MLP(dims=[4, 2])(torch.randn(2, 5))
+
+
+def test_head_batch_norm_settings_of_the_config_reach_every_head():
+    """MODEL.HEAD.BATCHNORM_MOMENTUM / EPS (VISSL's keys) set the heads' batch norms: the running
+    mean moves by the configured momentum, and eps is the configured one."""
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    from ssl_engine.config.attr_dict import AttrDict
+    from ssl_engine.models import build_model
+
+    with open(Path(__file__).resolve().parents[1] / "configs/config/defaults.yaml") as f:
+        cfg = AttrDict(copy.deepcopy(yaml.safe_load(f)["config"]["MODEL"]))
+    cfg.TRUNK.RESNETS.update(DEPTH=18, WIDTH_MULTIPLIER=0.125)
+    cfg.HEAD.PARAMS = [["mlp", {"dims": [64, 32, 8], "use_bn": True, "use_relu": True}],
+                       ["eval_mlp", {"in_channels": 8, "dims": [8, 4]}]]
+    cfg.HEAD.BATCHNORM_MOMENTUM, cfg.HEAD.BATCHNORM_EPS = 0.001, 1e-3
+    heads = build_model(cfg).heads
+    norms = [m for m in heads.modules() if isinstance(m, nn.BatchNorm1d)]
+    assert len(norms) == 2 and all((m.momentum, m.eps) == (0.001, 1e-3) for m in norms)
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    linear, bn = heads[0].clf[0], heads[0].clf[1]
+    with torch.no_grad():
+        expected = 0.001 * linear(x).mean(0)  # from running_mean 0
+        heads[0].train()(x)
+    torch.testing.assert_close(bn.running_mean, expected)
+    cfg.HEAD.BATCHNORM_MOMENTUM = 0.0
+    with pytest.raises(ValueError, match="BATCHNORM_MOMENTUM=0.0 in"):
+        build_model(cfg)

@@ -87,8 +87,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.FSDP_CONFIG.clear_autocast_cache":
         "autocast's cache is always cleared when the forward's autocast ends",
     "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
-    "config.MODEL.HEAD.BATCHNORM_EPS": "heads use torch's batch-norm epsilon (1e-5)",
-    "config.MODEL.HEAD.BATCHNORM_MOMENTUM": "heads use torch's batch-norm momentum (0.1)",
     "config.MODEL.HEAD.PARAMS_MULTIPLIER": "scaling the heads' initial weights is not implemented",
     # LOSS
     "config.LOSS.cross_entropy_multiple_output_single_target.reduction":

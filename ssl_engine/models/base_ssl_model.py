@@ -28,6 +28,24 @@ def build_head(index: int, entry) -> nn.Module:
         raise ValueError(f"{where} ('{name}') has invalid params {params}: {error}") from None
 
 
+DEFAULT_BN_EPS, DEFAULT_BN_MOMENTUM = 1e-5, 0.1  # torch's, and MODEL.HEAD's defaults
+
+
+def set_head_batch_norms(heads: nn.Module, head_cfg) -> None:
+    """MODEL.HEAD.BATCHNORM_EPS / BATCHNORM_MOMENTUM, when not at their defaults, on every
+    batch norm of the heads (VISSL's heads build theirs with them)."""
+    eps = float(head_cfg.get("BATCHNORM_EPS", DEFAULT_BN_EPS))
+    momentum = float(head_cfg.get("BATCHNORM_MOMENTUM", DEFAULT_BN_MOMENTUM))
+    if (eps, momentum) == (DEFAULT_BN_EPS, DEFAULT_BN_MOMENTUM):
+        return
+    if not eps > 0 or not 0 < momentum <= 1:
+        raise ValueError(f"MODEL.HEAD.BATCHNORM_EPS={eps} must be > 0 and "
+                         f"MODEL.HEAD.BATCHNORM_MOMENTUM={momentum} in (0, 1]")
+    for module in heads.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.eps, module.momentum = eps, momentum
+
+
 def concat_crops(stage: str, features: List[torch.Tensor]) -> torch.Tensor:
     """The features of every crop along dim 0; crops must agree on the other dimensions."""
     shapes = {tuple(f.shape[1:]) for f in features}
@@ -99,6 +117,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.heads = nn.ModuleList(
             build_head(index, entry) for index, entry in enumerate(model_cfg.HEAD.PARAMS)
         )
+        set_head_batch_norms(self.heads, model_cfg.HEAD)
         self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
         self.eval_settings = FeatureEvalSettings.from_model_cfg(model_cfg)
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
