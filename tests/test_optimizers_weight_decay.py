@@ -128,3 +128,24 @@ def test_a_bad_schedule_is_refused_before_launch(tmp_path, capsys):
     assert code == 2
     assert "weight_decay sets start_value but no name" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_single_param_group_decays_every_parameter_norms_and_biases_included():
+    """VISSL's OPTIMIZER.construct_single_param_group_only: one group, every parameter decayed."""
+    model = tiny_model()
+    cfg = optimizer_cfg("config.OPTIMIZER.weight_decay=0.01", "config.OPTIMIZER.momentum=0.0",
+                        "config.OPTIMIZER.construct_single_param_group_only=true",
+                        "config.OPTIMIZER.param_schedulers.lr={name: constant, value: 0.1, "
+                        "update_interval: step}")
+    optimizer = build_optimizer(cfg, model)
+    assert weight_decays(optimizer) == [0.01]
+    assert [id(p) for p in optimizer.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
+    before = [p.detach().clone() for p in model.parameters()]
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step(0.0)
+    for old, new in zip(before, model.parameters()):  # SGD: p -= lr * wd * p with zero gradients
+        torch.testing.assert_close(new.detach(), old * (1 - 0.1 * 0.01))
+    with pytest.raises(ValueError, match="cannot take config.OPTIMIZER.lr_multipliers"):
+        build_optimizer(optimizer_cfg("config.OPTIMIZER.construct_single_param_group_only=true",
+                                      "config.OPTIMIZER.lr_multipliers=[[0, 2.0]]"), model)

@@ -98,7 +98,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
         "use OPTIMIZER.lr_multipliers (e.g. [[heads, 10.0]])",
     "config.OPTIMIZER.head_optimizer_params.use_different_wd":
         "a separate weight decay for the heads is not implemented",
-    "config.OPTIMIZER.construct_single_param_group_only": "parameter groups are always built",
     "config.OPTIMIZER.param_group_constructor":
         "only the default parameter groups exist (layer-wise lr decay is not implemented)",
     "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":

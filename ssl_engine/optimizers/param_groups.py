@@ -22,6 +22,7 @@ def lr_multiplier_of(name: str, lr_multipliers: Sequence[Sequence]) -> float:
 def get_optimizer_param_groups(
     model: nn.Module, weight_decay: Union[float, Callable[[float], float]],
     regularize_bn: bool, regularize_bias: bool, lr_multipliers: Sequence[Sequence] = (),
+    single_group: bool = False,
 ) -> List[Dict]:
     """``[{"params", "weight_decay", "lr_multiplier"}, ...]`` for the parameters that require
     gradients.
@@ -33,7 +34,21 @@ def get_optimizer_param_groups(
     own whose learning rate is the schedule's times their multiplier; the groups at the
     schedule's own rate come first.  Empty groups are left out; a parameter shared by several
     modules is listed once.
+
+    ``single_group`` (VISSL's OPTIMIZER.construct_single_param_group_only): one group of every
+    trainable parameter at ``weight_decay``, norm layers and biases included; no multipliers.
     """
+    if single_group:
+        if lr_multipliers:
+            raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
+                             "parameter in one group: it cannot take "
+                             f"config.OPTIMIZER.lr_multipliers={list(lr_multipliers)}")
+        params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+        if not params:
+            raise ValueError("the model has no parameter that requires gradients: nothing to "
+                             "optimize")
+        return [{"params": params, "lr_multiplier": 1.0, "weight_decay":
+                 weight_decay if callable(weight_decay) else float(weight_decay)}]
     groups: Dict[tuple, List] = {}
     seen = set()
     for prefix, module in model.named_modules():
