@@ -18,6 +18,8 @@ class CrossEntropyMultipleOutputSingleTargetLoss(ClassyLoss):
 
     ``normalize_output`` l2-normalises each row of logits before the temperature is applied;
     targets equal to ``ignore_index`` contribute nothing; ``weight`` weighs the classes.
+    A floating-point target ``[N, C]`` holds class probabilities (the soft labels of
+    cutmixup_collator or label smoothing): the loss is then ``-sum_c p_c log softmax_c``.
     """
 
     def __init__(
@@ -49,13 +51,19 @@ class CrossEntropyMultipleOutputSingleTargetLoss(ClassyLoss):
     def forward(self, output, target: torch.Tensor) -> torch.Tensor:
         if target.ndim == 2 and target.shape[1] == 1:
             target = target[:, 0]
-        if target.ndim != 1:
-            raise ValueError(f"target must have shape [N], got {tuple(target.shape)}")
+        soft = target.ndim == 2 and target.is_floating_point()  # e.g. cutmixup_collator's
+        if target.ndim != 1 and not soft:
+            raise ValueError(f"target must have shape [N] (classes) or [N, C] (class "
+                             f"probabilities), got {tuple(target.shape)} {target.dtype}")
         total = 0.0
         for logits in as_output_list(output):
             if self.normalize_output:
                 logits = F.normalize(logits, dim=1)
             weight = None if self.weight is None else self.weight.to(logits.dtype)
+            if soft:  # -sum_c target_c log softmax(logits)_c, averaged over the rows
+                total = total + F.cross_entropy(logits / self.temperature,
+                                                target.to(logits.dtype), weight=weight)
+                continue
             total = total + F.cross_entropy(
                 logits / self.temperature, target, weight=weight, ignore_index=self.ignore_index
             )

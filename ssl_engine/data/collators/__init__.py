@@ -3,6 +3,7 @@
 import functools
 
 from ssl_engine.data.collators import (  # noqa: F401  (importing registers them)
+    cutmixup,
     default,
     moco,
     multicrop,
