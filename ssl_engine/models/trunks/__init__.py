@@ -14,6 +14,7 @@ from ssl_engine.models.trunks.resnet import ResNetTrunk  # noqa: F401  (register
 from ssl_engine.models.trunks.resnet_sk import ResNetSKTrunk  # noqa: F401  ("resnet_sk")
 # registers "vision_transformer"
 from ssl_engine.models.trunks.vision_transformer import VisionTransformerTrunk  # noqa: F401
+from ssl_engine.models.trunks.xcit import XCiTTrunk  # noqa: F401  ("xcit", "xcit_fsdp")
 
 
 def check_trunk_config(model_cfg) -> None:
