@@ -138,8 +138,9 @@ _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
         **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, resnet_sk, regnet, "
-                 f"efficientnet, vision_transformer, beit, convnext, xcit, alexnet_*)" for name in (
-            "swin_transformer", "convit", "classy_vit", "mobilenetv3_tv",
+                 f"efficientnet, vision_transformer, beit, convnext, xcit, convit, "
+                 f"alexnet_*)" for name in (
+            "swin_transformer", "classy_vit", "mobilenetv3_tv",
             "mobilenetv3_timm")},
     },
     "config.LOSS.name": {

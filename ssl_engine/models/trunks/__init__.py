@@ -7,6 +7,7 @@ from ssl_engine.models.registry import MODEL_TRUNKS
 # registers alexnet_deepcluster, alexnet_bvlc, alexnet_jigsaw, alexnet_rotnet, alexnet_colorization
 from ssl_engine.models.trunks.alexnet import ALEXNET_TRUNKS  # noqa: F401
 from ssl_engine.models.trunks.beit import BEiTTrunk  # noqa: F401  (registers "beit")
+from ssl_engine.models.trunks.convit import ConViTTrunk  # noqa: F401  ("convit")
 from ssl_engine.models.trunks.convnext import ConvNeXtTrunk  # noqa: F401  ("convnext")
 from ssl_engine.models.trunks.efficientnet import EfficientNetTrunk  # noqa: F401  ("efficientnet")
 from ssl_engine.models.trunks.regnet import RegNetTrunk  # noqa: F401  (registers "regnet")
