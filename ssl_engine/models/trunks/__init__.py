@@ -10,6 +10,7 @@ from ssl_engine.models.trunks.beit import BEiTTrunk  # noqa: F401  (registers "b
 from ssl_engine.models.trunks.convit import ConViTTrunk  # noqa: F401  ("convit")
 from ssl_engine.models.trunks.convnext import ConvNeXtTrunk  # noqa: F401  ("convnext")
 from ssl_engine.models.trunks.efficientnet import EfficientNetTrunk  # noqa: F401  ("efficientnet")
+from ssl_engine.models.trunks.mobilenet import MobileNetV3TVTrunk  # noqa: F401  ("mobilenetv3_tv")
 from ssl_engine.models.trunks.regnet import RegNetTrunk  # noqa: F401  (registers "regnet")
 from ssl_engine.models.trunks.resnet import ResNetTrunk  # noqa: F401  (registers "resnet")
 from ssl_engine.models.trunks.resnet_sk import ResNetSKTrunk  # noqa: F401  ("resnet_sk")
