@@ -7,8 +7,8 @@ here. ``UNSUPPORTED_NAMES`` does the same for component names VISSL knows (trunk
 meters) that the engine has not got.
 
 Settings that act only through a refused switch or name are not listed (the sampler settings
-under STRATIFIED_SAMPLER besides ENABLED, the XCIT section, the settings of a loss the engine
-has not got ...): a run can only start with the switch at its default, where VISSL reads them
+under STRATIFIED_SAMPLER besides ENABLED, the SWIN_TRANSFORMER section, the settings of a loss
+the engine has not got ...): a run can only start with the switch at its default, where VISSL reads them
 neither.
 
 Patterns: ``*`` stands for one part of the dotted path (``config.DATA.*.MMAP_MODE`` is the
@@ -138,10 +138,9 @@ _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
         **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, resnet_sk, regnet, "
-                 f"efficientnet, vision_transformer, beit, convnext, alexnet_*)" for name in (
-            "xcit", "xcit_fsdp",
-            "swin_transformer", "convit", "classy_vit", "mobilenetv3_tv",
-            "mobilenetv3_timm")},
+                 f"efficientnet, vision_transformer, beit, convnext, xcit, convit, "
+                 f"mobilenetv3_tv, alexnet_*)" for name in (
+            "swin_transformer", "classy_vit", "mobilenetv3_timm")},
     },
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (

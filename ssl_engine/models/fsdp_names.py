@@ -21,6 +21,8 @@ FSDP_TASK = "self_supervision_fsdp_task"
 FSDP_TRUNKS: Dict[str, str] = {
     "regnet_fsdp": "regnet",
     "vision_transformer_fsdp": "vision_transformer",
+    # registered by trunks/xcit.py: VISSL's FSDP XCiT has NUM_LAYERS class-attention blocks
+    "xcit_fsdp": "xcit",
 }
 FSDP_HEADS: Dict[str, str] = {
     "mlp_fsdp": "mlp",

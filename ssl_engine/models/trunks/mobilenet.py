@@ -1,0 +1,82 @@
+"""MobileNet-V3 trunk (MODEL.TRUNK.NAME mobilenetv3_tv): torchvision's MobileNet-V3 Large
+without its classifier, configured by MODEL.TRUNK.MOBILE_NET as in VISSL:
+
+- ``NAME``: ``mobilenetv3_large_100`` (the only network VISSL builds under this name);
+- ``TIMM_BN``: false keeps torchvision's batch norms (eps 0.001, momentum 0.01); true uses
+  timm's settings (eps 1e-5, momentum 0.1), those timm's weights were trained with;
+- ``PRETRAINED``: false only (downloading weights is refused: load them with
+  MODEL.WEIGHTS_INIT).
+
+The network is held as ``model`` (``model.features.*``, ``model.avgpool``): VISSL's parameter
+names, so VISSL checkpoints of this trunk load as they are.
+
+Outputs, named as in VISSL:
+
+- ``trunk_pool``: the global average of the last feature map, [N, 960] (the default, VISSL's
+  output when no name is asked for);
+- ``trunk_pool_norm``: the same, l2-normalised;
+- ``trunk``: the last feature map, [N, 960, H/32, W/32].
+"""
+from functools import partial
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ssl_engine.models.registry import register_model_trunk
+from ssl_engine.models.trunks.base import StagedTrunk
+
+CONFIG = "config.MODEL.TRUNK.MOBILE_NET"
+NAMES = ("mobilenetv3_large_100",)
+WIDTH = 960
+
+
+def check_mobilenet_config(model_cfg) -> None:
+    """Refuse, naming the key, a MODEL.TRUNK.MOBILE_NET setting the trunk cannot build."""
+    cfg = model_cfg.TRUNK.MOBILE_NET
+    if cfg.NAME not in NAMES:
+        raise ValueError(f"{CONFIG}.NAME={cfg.NAME!r} is not one of {', '.join(NAMES)}")
+    if cfg.get("PRETRAINED", False):
+        raise ValueError(f"{CONFIG}.PRETRAINED=true is not supported: weights are not "
+                         "downloaded; load them with MODEL.WEIGHTS_INIT")
+    if model_cfg.get("ACTIVATION_CHECKPOINTING", {}).get("USE_ACTIVATION_CHECKPOINTING"):
+        raise ValueError("MODEL.ACTIVATION_CHECKPOINTING is not supported by the "
+                         "mobilenetv3_tv trunk")
+
+
+@register_model_trunk("mobilenetv3_tv")
+class MobileNetV3TVTrunk(StagedTrunk):
+    """Outputs: trunk_pool (default), trunk_pool_norm, trunk; see the module docstring."""
+
+    default_out_feat_key = "trunk_pool"
+
+    @classmethod
+    def check_config(cls, model_cfg) -> None:
+        check_mobilenet_config(model_cfg)
+
+    def __init__(self, model_cfg):
+        super().__init__()
+        from torchvision.models import mobilenet_v3_large
+
+        check_mobilenet_config(model_cfg)
+        norm_layer = (partial(nn.BatchNorm2d, eps=1e-5, momentum=0.1)
+                      if model_cfg.TRUNK.MOBILE_NET.get("TIMM_BN", False) else None)
+        self.model = mobilenet_v3_large(weights=None, norm_layer=norm_layer)
+        self.model.classifier = nn.Identity()
+        self.stage_dims = {"trunk_pool": WIDTH, "trunk_pool_norm": WIDTH, "trunk": WIDTH}
+
+    def stages(self):
+        raise NotImplementedError("the MobileNet outputs share one pass: "
+                                  "call forward(x, out_feat_keys)")
+
+    def forward(
+        self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None
+    ) -> List[torch.Tensor]:
+        keys = self.check_out_feat_keys(out_feat_keys)
+        feature_map = self.model.features(x)
+        pooled = torch.flatten(self.model.avgpool(feature_map), 1)
+        found = {"trunk": feature_map, "trunk_pool": pooled}
+        if "trunk_pool_norm" in keys:
+            found["trunk_pool_norm"] = F.normalize(pooled, dim=-1)
+        return [found[key] for key in keys]
