@@ -90,3 +90,27 @@ def test_splits_are_contiguous_and_even():
     cfg.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS = 0
     with pytest.raises(ValueError, match="NUM_ACTIVATION_CHECKPOINTING_SPLITS must be an integer"):
         build_model(cfg)
+
+
+def test_regnet_block_groups_of_vissl_are_checkpointed_as_given():
+    """REGNET.stage_checkpoints / stage_checkpointing (VISSL's FSDP RegNet): the groups of a
+    stage, checkpointed as flagged, give the same gradients with fewer saved tensors."""
+    from ssl_engine.models.trunks.regnet import stage_groups
+
+    cfg = AttrDict({"stage_checkpoints": [[], [1], [1, 2], []],
+                    "stage_checkpointing": [[], [False], [True, True], []]})
+    assert stage_groups(cfg, [1, 1, 3, 1], with_checkpointing=True) == [
+        [(0, 1, False)], [(0, 1, False)], [(0, 1, True), (1, 2, True), (2, 3, True)],
+        [(0, 1, False)]]
+    cfg.stage_checkpointing = []  # flags default to USE_ACTIVATION_CHECKPOINTING
+    assert stage_groups(cfg, [1, 1, 3, 1], with_checkpointing=False)[2] == [
+        (0, 1, False), (1, 2, False), (2, 3, False)]
+    plain, grouped = model_pair({**REGNET, "TRUNK.REGNET.stage_checkpoints": [[], [], [1], []]}, 2)
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    (plain_loss, plain_saved), (loss, saved) = [saved_for_backward(m, x) for m in (plain, grouped)]
+    plain_loss.backward()
+    loss.backward()
+    torch.testing.assert_close(loss, plain_loss, rtol=0, atol=0)
+    assert saved < plain_saved, (saved, plain_saved)
+    for (name, a), b in zip(plain.named_parameters(), grouped.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -212,8 +212,10 @@ def test_resnet152_has_torchvision_parameter_count():
     ("regnet", {"name": "anynet", "depths": [1, 2], "widths": [8], "group_widths": [8, 8],
                 "bottleneck_multipliers": [1, 1], "strides": [2, 2]},
      r"REGNET: the per-stage lists must have one entry per stage"),
-    ("regnet", dict(TINY_REGNET, stage_checkpoints=[[1], [], [], []]),
-     r"REGNET\.stage_checkpoints=.* is not supported"),
+    ("regnet", dict(TINY_REGNET, stage_checkpoints=[[1], [], [2, 1], []]),
+     r"REGNET\.stage_checkpoints=.* has stage 2 boundaries \[2, 1\]: they must be increasing"),
+    ("regnet", dict(TINY_REGNET, stage_checkpoints=[[1]], stage_checkpointing=[[True, False]]),
+     r"REGNET\.stage_checkpointing=.* has 2 flags for stage 0"),
     ("efficientnet", {"model_version": "B9"}, r"EFFICIENT_NETS\.model_version='B9' is not one "
                                               r"of B0, B1"),
     ("efficientnet", {"drop_connect_rate": 1.5}, r"EFFICIENT_NETS\.drop_connect_rate=1\.5"),

@@ -13,6 +13,12 @@ MODEL.TRUNK.REGNET chooses the network in one of three ways, with VISSL's keys:
 The classy modules are held in ``_feature_blocks`` under the stage names, as VISSL's regnet
 trunk holds them, so parameter names are VISSL's (``trunk._feature_blocks.res2.block1-0...``).
 
+VISSL's FSDP RegNet (``regnet_fsdp``) splits each stage into block groups
+(``stage_checkpoints``: the end of each group per stage; ``stage_checkpointing``: which are
+activation-checkpointed): the same groups are checkpointed here when training (a stage
+without boundaries is not; ``stage_groups``). Results do not depend on them; FSDP shards by
+stage here, and VISSL's ``block<s>-part<g>`` checkpoint names read as these.
+
 Outputs: ``conv1`` (stem), ``res2``.. (one per stage, usually res2..res5), ``avgpool``
 ([N, C, 1, 1]), ``flatten`` ([N, C], the default) and ``res5avg`` (the same [N, C] under the
 resnet trunk's name).
@@ -115,12 +121,57 @@ def _check_anynet_parameters(cfg) -> None:
                          f"their lengths are {lengths}")
 
 
+def _check_stage_groups(trunk_cfg) -> None:
+    delimiters = trunk_cfg.get("stage_checkpoints") or []
+    flags = trunk_cfg.get("stage_checkpointing") or []
+    for key, value, kind in (("stage_checkpoints", delimiters, int),
+                             ("stage_checkpointing", flags, bool)):
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(stage, (list, tuple)) and all(
+                    isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+                    for v in stage) for stage in value):
+            raise _error(key, value, f"must be a list (one per stage) of lists of "
+                                     f"{kind.__name__}s")
+    for index, stage in enumerate(delimiters):
+        if list(stage) != sorted(stage) or len(set(stage)) != len(stage) or \
+                any(v < 1 for v in stage):
+            raise _error("stage_checkpoints", delimiters, f"has stage {index} boundaries "
+                         f"{list(stage)}: they must be increasing block counts >= 1")
+        if index < len(flags) and flags[index] and len(flags[index]) != len(stage):
+            raise _error("stage_checkpointing", flags, f"has {len(flags[index])} flags for "
+                         f"stage {index}, whose stage_checkpoints has {len(stage)} groups")
+
+
+def stage_groups(trunk_cfg, depths: List[int], with_checkpointing: bool
+                 ) -> List[List[tuple]]:
+    """VISSL's block groups of its FSDP RegNet: per stage, ``(start, end, checkpointed)``
+    runs of blocks. ``stage_checkpoints[i]`` gives the end of each group of stage i (the
+    stage's depth is added when it is missing) and ``stage_checkpointing[i]`` whether each is
+    checkpointed (default: USE_ACTIVATION_CHECKPOINTING; the added last group too); a stage
+    with no boundaries is one group, never checkpointed."""
+    delimiters = trunk_cfg.get("stage_checkpoints") or []
+    flags = trunk_cfg.get("stage_checkpointing") or []
+    groups = []
+    for index, depth in enumerate(depths):
+        ends = list(delimiters[index]) if index < len(delimiters) else []
+        checkpointed = list(flags[index]) if index < len(flags) and flags[index] else \
+            [with_checkpointing] * len(ends)
+        if ends and ends[-1] > depth:
+            raise _error("stage_checkpoints", delimiters, f"has a boundary {ends[-1]} beyond "
+                         f"the {depth} blocks of stage {index}")
+        if not ends:
+            ends, checkpointed = [depth], [False]
+        elif ends[-1] != depth:
+            ends.append(depth)
+            checkpointed.append(with_checkpointing)
+        starts = [0] + ends[:-1]
+        groups.append(list(zip(starts, ends, checkpointed)))
+    return groups
+
+
 def check_regnet_config(trunk_cfg) -> None:
     """Refuse an incomplete or invalid MODEL.TRUNK.REGNET (every message names the key)."""
-    if trunk_cfg.get("stage_checkpoints"):
-        raise _error("stage_checkpoints", trunk_cfg.stage_checkpoints,
-                     "is not supported (per-stage checkpoint lists of VISSL's FSDP RegNet); "
-                     "use config.MODEL.ACTIVATION_CHECKPOINTING")
+    _check_stage_groups(trunk_cfg)
     name = trunk_cfg.get("name")
     if name == "anynet":
         stray = _set_keys(trunk_cfg, REGNET_KEYS)
@@ -191,6 +242,11 @@ class RegNetTrunk(StagedTrunk):
         self.stage_dims.update(avgpool=width, flatten=width, res5avg=width)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.checkpoint_splits = checkpointing_splits(model_cfg)
+        self.groups = None  # VISSL's block groups, when stage_checkpoints is set
+        trunk_cfg = model_cfg.TRUNK.REGNET
+        if trunk_cfg.get("stage_checkpoints"):
+            depths = [len(stage) for stage in self.residual_stages()]
+            self.groups = stage_groups(trunk_cfg, depths, self.checkpoint_splits > 0)
 
     def residual_stages(self) -> List[nn.Module]:
         return [block for name, block in self._feature_blocks.items() if name != "conv1"]
@@ -203,7 +259,11 @@ class RegNetTrunk(StagedTrunk):
         stem = self._feature_blocks["conv1"]
         names = [name for name in self._feature_blocks if name != "conv1"]
         layers = self.residual_stages()
-        if self.checkpoint_splits and self.training and torch.is_grad_enabled():
+        checkpointing = self.training and torch.is_grad_enabled()
+        if self.groups is not None and checkpointing:
+            layers = [grouped_stage(list(layer), groups)
+                      for layer, groups in zip(layers, self.groups)]
+        elif self.checkpoint_splits and checkpointing:
             stem = checkpointed_segments([stem], 1)
             layers = [checkpointed_segments(list(layer), self.checkpoint_splits)
                       for layer in layers]
@@ -214,6 +274,20 @@ class RegNetTrunk(StagedTrunk):
             ("flatten", lambda x: torch.flatten(x, 1)),
             ("res5avg", lambda x: x),
         ]
+
+
+def grouped_stage(blocks: List[nn.Module], groups: List[tuple]):
+    """A function running ``blocks`` as VISSL's block groups ``(start, end, checkpointed)``:
+    a checkpointed group keeps only its input for the backward pass."""
+    parts = [checkpointed_segments(blocks[start:end], 1) if checkpointed
+             else nn.Sequential(*blocks[start:end]) for start, end, checkpointed in groups]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        for part in parts:
+            x = part(x)
+        return x
+
+    return run
 
 
 def stage_out_channels(stage: nn.Module, in_channels: int) -> int:
