@@ -175,3 +175,14 @@ def test_every_shipped_config_composes_and_every_recipe_builds():
                 loss = build_loss(cfg.LOSS)
                 if hasattr(loss, "bind_model"):
                     loss.bind_model(model)
+
+
+def test_multi_processing_method_is_checked_and_logged_when_not_the_default(caplog):
+    _, cfg = compose_config([QUICK, "config.MULTI_PROCESSING_METHOD=fork"])
+    with caplog.at_level("INFO", logger="ssl_engine.config.derive"):
+        derive_settings(cfg)
+    assert "config.MULTI_PROCESSING_METHOD=fork: the engine starts its processes with spawn" \
+        in caplog.text
+    _, cfg = compose_config([QUICK, "config.MULTI_PROCESSING_METHOD=threads"])
+    with pytest.raises(ConfigError, match="MULTI_PROCESSING_METHOD='threads' is not one of"):
+        derive_settings(cfg)

@@ -46,6 +46,13 @@ def _check_choices(cfg: AttrDict) -> None:
         raise ConfigError(f"config.MODEL.CUDA_CACHE.CLEAR_FREQ must be an integer >= 1 (steps "
                           f"between two clears) when CLEAR_CUDA_CACHE is on, got "
                           f"{cache.CLEAR_FREQ!r}")
+    method = cfg.get("MULTI_PROCESSING_METHOD", "forkserver")
+    if method not in ("fork", "forkserver", "spawn"):
+        raise ConfigError(f"config.MULTI_PROCESSING_METHOD={method!r} is not one of fork, "
+                          "forkserver, spawn")
+    if method != "forkserver":  # VISSL's default, the one most configs keep
+        logger.info("config.MULTI_PROCESSING_METHOD=%s: the engine starts its processes with "
+                    "spawn whatever this says (results do not depend on it)", method)
     workers = cfg.DATA.NUM_DATALOADER_WORKERS
     if workers != "auto" and (not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"config.DATA.NUM_DATALOADER_WORKERS must be auto or an integer >= 0, "

@@ -34,7 +34,6 @@ _TOOL = "VISSL's {} tool is not part of the engine (the section is read by that 
 UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     # top level and globals
     "node_id": "the machine rank is config.DISTRIBUTED.NODE_ID",
-    "config.MULTI_PROCESSING_METHOD": "processes are always started with spawn",
     "config.REPRODUCIBILITY.CUDDN_DETERMINISTIC": "deterministic cuDNN is not implemented",
     # HOOKS
     "config.HOOKS.MEMORY_SUMMARY.PRINT_MEMORY_SUMMARY": also(
