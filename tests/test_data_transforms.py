@@ -286,3 +286,59 @@ def test_pil_to_lab_tensor_fixed_points():
     assert torch.allclose(gray[1:], torch.zeros(2, 1, 3), atol=0.51)  # grey: a = b = 0
     with pytest.raises(TypeError, match="put it before any transform that makes tensors"):
         build_transforms([{"name": "ToTensor"}, {"name": "ImgPil2LabTensor"}])(white_black_red)
+
+
+def coordinate_image(size=30):
+    """[2, size, size]: channel 0 holds the row of each pixel, channel 1 its column."""
+    rows, cols = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    return torch.stack([rows, cols]).float()
+
+
+def test_patches_from_tensor_are_jittered_crops_of_their_grid_cells():
+    torch.manual_seed(0)
+    patches = build_transforms([{"name": "ImgPatchesFromTensor", "num_patches": 9,
+                                 "patch_jitter": 4}])(coordinate_image(30))
+    assert len(patches) == 9
+    offsets = set()
+    for index, patch in enumerate(patches):
+        column, row = divmod(index, 3)  # listed column by column
+        assert patch.shape == (2, 6, 6)  # cells of 10 pixels minus the jitter
+        y, x = int(patch[0, 0, 0]), int(patch[1, 0, 0])
+        assert 0 <= y - 10 * row < 4 and 0 <= x - 10 * column < 4
+        offsets.add((y - 10 * row, x - 10 * column))
+        assert torch.equal(patch[0], (y + torch.arange(6)).float()[:, None].expand(6, 6))
+        assert torch.equal(patch[1], (x + torch.arange(6)).float()[None, :].expand(6, 6))
+    assert len(offsets) > 1  # the offsets are drawn per cell
+    with pytest.raises(ValueError, match="square number"):
+        build_transforms([{"name": "ImgPatchesFromTensor", "num_patches": 8}])
+
+
+def test_shuffle_img_patches_orders_by_a_drawn_permutation_and_labels_it(tmp_path):
+    perms = np.array([[2, 3, 1, 4], [4, 3, 2, 1], [1, 2, 3, 4]])  # 1-based, as VISSL's files
+    np.save(tmp_path / "perms.npy", perms)
+    chain = build_transforms([
+        {"name": "ImgPatchesFromTensor", "num_patches": 4, "patch_jitter": 1},
+        {"name": "ShuffleImgPatches", "perm_file": str(tmp_path / "perms.npy")}])
+    image = torch.arange(2 * 8 * 8, dtype=torch.float32).reshape(2, 8, 8)
+    seen = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        patches = chain.transforms[0](image)
+        torch.manual_seed(seed)
+        puzzle, labels = chain.apply(image)
+        (label,) = labels
+        seen.add(label)
+        assert puzzle.shape == (4, 2, 3, 3)
+        for position, source in enumerate(perms[label] - 1):
+            assert torch.equal(puzzle[position], patches[source])
+    assert seen == {0, 1, 2}
+    np.save(tmp_path / "bad.npy", np.array([[0, 0, 1, 2]]))
+    with pytest.raises(ValueError, match="must be a permutation of 0..3"):
+        build_transforms([{"name": "ShuffleImgPatches", "perm_file": str(tmp_path / "bad.npy")}])
+
+
+def test_shuffle_img_patches_unreachable_url_says_to_download(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="download it and set perm_file to the local .npy"):
+        build_transforms([{"name": "ShuffleImgPatches",
+                           "perm_file": "http://127.0.0.1:9/perms.npy"}])
