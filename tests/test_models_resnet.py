@@ -140,8 +140,8 @@ def test_lab_input_reads_the_l_channel_with_a_one_channel_conv1():
     rgb = trunk(DEPTH=18, SMALL_IMAGE_STEM=True, WIDTH_MULTIPLIER=0.125).eval()
     state = lab.state_dict()
     # the same network on 3 channels, whose conv1 weighs channels 1 and 2 by zero
-    state["conv1.weight"] = torch.cat([state["conv1.weight"],
-                                       torch.zeros_like(state["conv1.weight"]).repeat(1, 2, 1, 1)], 1)
+    conv1 = state["conv1.weight"]
+    state["conv1.weight"] = torch.cat([conv1, torch.zeros_like(conv1).repeat(1, 2, 1, 1)], 1)
     rgb.load_state_dict(state)
     images = torch.randn(2, 3, 16, 16) * 40
     other_ab = images.clone()

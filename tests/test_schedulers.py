@@ -147,7 +147,8 @@ def warm_restart_expected(where, start, end, length, wave, multiplier=1.0, adapt
         restart_at, position = k * length, (where - k * length) / length
         adaptive_at = restart_at
     else:
-        k = 0 if where < length else 1 + math.floor((where - length) / (2 * length))  # 0, L, 3L, ...
+        # restarts at 0, L, 3L, 5L, ...
+        k = 0 if where < length else 1 + math.floor((where - length) / (2 * length))
         restart_at = 0.0 if k == 0 else length * (2 * k - 1)
         position = where / length               # the full wave is never reset
         adaptive_at = restart_at + length

@@ -106,10 +106,12 @@ class ResNetTrunk(StagedTrunk):
         self.lab_input = str(model_cfg.get("INPUT_TYPE", "rgb")) == "lab"
         in_channels = 1 if self.lab_input else 3
         if cfg.SMALL_IMAGE_STEM:
-            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=3, stride=1, padding=1, bias=False)
+            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=3, stride=1, padding=1,
+                                   bias=False)
             self.maxpool = nn.Identity()
         else:
-            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=7, stride=2, padding=3, bias=False)
+            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=7, stride=2, padding=3,
+                                   bias=False)
             self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.bn1 = norm_layer(stem)
         self.relu = nn.ReLU(inplace=True)
