@@ -238,3 +238,107 @@ def test_resize_larger_side_and_to_rgb():
     assert rgb.mode == "RGB" and rgb.size == (44, 44)
     assert (pixels[2:12, 2:42] == 7).all() and pixels[0].sum() == 0 and pixels[12:].sum() == 0
     assert build_transforms([{"name": "ImgPil2RGB"}])(wide).size == (40, 10)
+
+
+def reference_lab(r, g, b):
+    """CIE L*a*b* of one sRGB pixel, written out with the CIE constants (sRGB matrix of the
+    IEC standard, D65 white as the sum of its rows, epsilon 216/24389, kappa 24389/27)."""
+    def linear(v):
+        v = v / 255
+        return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+    rl, gl, bl = linear(r), linear(g), linear(b)
+    x = 0.4124564 * rl + 0.3575761 * gl + 0.1804375 * bl
+    y = 0.2126729 * rl + 0.7151522 * gl + 0.0721750 * bl
+    z = 0.0193339 * rl + 0.1191920 * gl + 0.9503041 * bl
+    eps, kappa = 216 / 24389, 24389 / 27
+
+    def f(t):
+        return t ** (1 / 3) if t > eps else (kappa * t + 16) / 116
+    fx, fy, fz = f(x / 0.9504705), f(y / 1.0), f(z / 1.0888214)
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def test_pil_to_lab_tensor_matches_the_cie_formulas():
+    pixels = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (12, 200, 90), (250, 250, 5), (3, 4, 5),
+              (128, 128, 128), (90, 30, 160)]
+    image = Image.fromarray(np.array([pixels], dtype=np.uint8))  # 1 x 8 RGB
+    lab = build_transforms([{"name": "ImgPil2LabTensor"}])(image)
+    assert lab.dtype == torch.float32 and lab.shape == (3, 1, len(pixels))
+    for column, rgb in enumerate(pixels):
+        big_l, a, b = reference_lab(*rgb)
+        # VISSL's encoding: L on OpenCV's 8-bit grid (steps of 100/255), centred at 0
+        assert lab[0, 0, column].item() == pytest.approx(big_l - 50, abs=100 / 255 / 2 + 0.02)
+        assert lab[1, 0, column].item() == pytest.approx(a, abs=0.5 + 0.02)
+        assert lab[2, 0, column].item() == pytest.approx(b, abs=0.5 + 0.02)
+    grid = lab[0] * 255 / 100 + 50 * 255 / 100  # back to the 8-bit L: whole numbers
+    assert torch.allclose(grid, grid.round(), atol=1e-4)
+    assert torch.equal(lab[1:], lab[1:].round())
+
+
+def test_pil_to_lab_tensor_fixed_points():
+    white_black_red = Image.fromarray(np.array([[(255, 255, 255), (0, 0, 0), (255, 0, 0)]],
+                                               dtype=np.uint8))
+    lab = build_transforms([{"name": "ImgPil2LabTensor"}])(white_black_red)
+    # red is L 53.24, a 80.09, b 67.20: 8-bit L round(135.76) = 136 -> 136 * 100 / 255 - 50
+    expected = torch.tensor([[50.0, -50.0, 136 * 100 / 255 - 50], [0, 0, 80], [0, 0, 67]])
+    assert torch.allclose(lab[:, 0], expected, atol=1e-5)
+    gray = build_transforms([{"name": "ImgPil2LabTensor"}])(white_black_red.convert("L"))
+    assert torch.allclose(gray[1:], torch.zeros(2, 1, 3), atol=0.51)  # grey: a = b = 0
+    with pytest.raises(TypeError, match="put it before any transform that makes tensors"):
+        build_transforms([{"name": "ToTensor"}, {"name": "ImgPil2LabTensor"}])(white_black_red)
+
+
+def coordinate_image(size=30):
+    """[2, size, size]: channel 0 holds the row of each pixel, channel 1 its column."""
+    rows, cols = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    return torch.stack([rows, cols]).float()
+
+
+def test_patches_from_tensor_are_jittered_crops_of_their_grid_cells():
+    torch.manual_seed(0)
+    patches = build_transforms([{"name": "ImgPatchesFromTensor", "num_patches": 9,
+                                 "patch_jitter": 4}])(coordinate_image(30))
+    assert len(patches) == 9
+    offsets = set()
+    for index, patch in enumerate(patches):
+        column, row = divmod(index, 3)  # listed column by column
+        assert patch.shape == (2, 6, 6)  # cells of 10 pixels minus the jitter
+        y, x = int(patch[0, 0, 0]), int(patch[1, 0, 0])
+        assert 0 <= y - 10 * row < 4 and 0 <= x - 10 * column < 4
+        offsets.add((y - 10 * row, x - 10 * column))
+        assert torch.equal(patch[0], (y + torch.arange(6)).float()[:, None].expand(6, 6))
+        assert torch.equal(patch[1], (x + torch.arange(6)).float()[None, :].expand(6, 6))
+    assert len(offsets) > 1  # the offsets are drawn per cell
+    with pytest.raises(ValueError, match="square number"):
+        build_transforms([{"name": "ImgPatchesFromTensor", "num_patches": 8}])
+
+
+def test_shuffle_img_patches_orders_by_a_drawn_permutation_and_labels_it(tmp_path):
+    perms = np.array([[2, 3, 1, 4], [4, 3, 2, 1], [1, 2, 3, 4]])  # 1-based, as VISSL's files
+    np.save(tmp_path / "perms.npy", perms)
+    chain = build_transforms([
+        {"name": "ImgPatchesFromTensor", "num_patches": 4, "patch_jitter": 1},
+        {"name": "ShuffleImgPatches", "perm_file": str(tmp_path / "perms.npy")}])
+    image = torch.arange(2 * 8 * 8, dtype=torch.float32).reshape(2, 8, 8)
+    seen = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        patches = chain.transforms[0](image)
+        torch.manual_seed(seed)
+        puzzle, labels = chain.apply(image)
+        (label,) = labels
+        seen.add(label)
+        assert puzzle.shape == (4, 2, 3, 3)
+        for position, source in enumerate(perms[label] - 1):
+            assert torch.equal(puzzle[position], patches[source])
+    assert seen == {0, 1, 2}
+    np.save(tmp_path / "bad.npy", np.array([[0, 0, 1, 2]]))
+    with pytest.raises(ValueError, match="must be a permutation of 0..3"):
+        build_transforms([{"name": "ShuffleImgPatches", "perm_file": str(tmp_path / "bad.npy")}])
+
+
+def test_shuffle_img_patches_unreachable_url_says_to_download(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="download it and set perm_file to the local .npy"):
+        build_transforms([{"name": "ShuffleImgPatches",
+                           "perm_file": "http://127.0.0.1:9/perms.npy"}])

@@ -116,3 +116,18 @@ def test_head_batch_norm_settings_of_the_config_reach_every_head():
     cfg.HEAD.BATCHNORM_MOMENTUM = 0.0
     with pytest.raises(ValueError, match="BATCHNORM_MOMENTUM=0.0 in"):
         build_model(cfg)
+
+
+def test_siamese_concat_view_puts_the_towers_of_each_sample_side_by_side():
+    from ssl_engine.data.collators.siamese import siamese_collator
+
+    head = MODEL_HEADS.get("siamese_concat_view")(num_towers=3)
+    # 2 samples of 3 tiles [C=1, 1, 1] whose value encodes (sample, tile)
+    samples = [{"data": [torch.tensor([10.0 * s + t for t in range(3)]).reshape(3, 1, 1, 1)],
+                "label": [s], "data_idx": s, "data_valid": True} for s in range(2)]
+    batch = siamese_collator(samples)
+    features = torch.cat([batch["input"].flatten(1), -batch["input"].flatten(1)], 1)  # [6, 2]
+    out = head(features)
+    assert torch.equal(out, torch.tensor([[0.0, -0.0, 1, -1, 2, -2], [10, -10, 11, -11, 12, -12]]))
+    with pytest.raises(ValueError, match="not a multiple of num_towers=4"):
+        MODEL_HEADS.get("siamese_concat_view")(num_towers=4)(features)

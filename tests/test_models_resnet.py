@@ -128,3 +128,25 @@ def test_unknown_stage_lists_known_stages():
     message = "no stage.*'res6'.*stages are: conv1, res2, res3, res4, res5, res5avg"
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, 32, 32), ["res5", "res6"])
+
+
+def test_lab_input_reads_the_l_channel_with_a_one_channel_conv1():
+    cfg = copy.deepcopy(DEFAULT_MODEL_CFG)
+    cfg.TRUNK.RESNETS.update(DEPTH=18, SMALL_IMAGE_STEM=True, WIDTH_MULTIPLIER=0.125)
+    cfg.INPUT_TYPE = "lab"
+    torch.manual_seed(0)
+    lab = ResNetTrunk(cfg).eval()
+    assert lab.conv1.weight.shape[1] == 1
+    rgb = trunk(DEPTH=18, SMALL_IMAGE_STEM=True, WIDTH_MULTIPLIER=0.125).eval()
+    state = lab.state_dict()
+    # the same network on 3 channels, whose conv1 weighs channels 1 and 2 by zero
+    conv1 = state["conv1.weight"]
+    state["conv1.weight"] = torch.cat([conv1, torch.zeros_like(conv1).repeat(1, 2, 1, 1)], 1)
+    rgb.load_state_dict(state)
+    images = torch.randn(2, 3, 16, 16) * 40
+    other_ab = images.clone()
+    other_ab[:, 1:] = torch.randn(2, 2, 16, 16) * 40
+    with torch.no_grad():
+        out = lab(images)[0]
+        assert torch.allclose(out, rgb(images)[0], atol=1e-4)
+        assert torch.allclose(out, lab(other_ab)[0], atol=1e-6)

@@ -137,3 +137,82 @@ def test_auto_lr_scaling_off_returns_an_equal_copy():
     cfg = optimizer_cfg(name="cosine")
     scaled = apply_auto_lr_scaling(cfg, global_batch_size=4096)
     assert scaled == cfg and scaled is not cfg
+
+
+def warm_restart_expected(where, start, end, length, wave, multiplier=1.0, adaptive=False):
+    """cosine_warm_restart written out per wave: the restart that ``where`` falls in, its peak,
+    and the position inside the wave."""
+    if wave == "half":
+        k = math.floor(where / length)          # restarts at 0, L, 2L, ...
+        restart_at, position = k * length, (where - k * length) / length
+        adaptive_at = restart_at
+    else:
+        # restarts at 0, L, 3L, 5L, ...
+        k = 0 if where < length else 1 + math.floor((where - length) / (2 * length))
+        restart_at = 0.0 if k == 0 else length * (2 * k - 1)
+        position = where / length               # the full wave is never reset
+        adaptive_at = restart_at + length
+    peak = cosine(start, end, adaptive_at) if adaptive else start * multiplier ** k
+    return end + (peak - end) * (1 + math.cos(math.pi * position)) / 2
+
+
+@pytest.mark.parametrize("wave,length,multiplier,adaptive", [
+    ("half", 0.5, 1.0, False), ("half", 0.5, 1.0, True), ("half", 0.25, 0.5, False),
+    ("full", 0.334, 1.0, False), ("full", 0.334, 1.0, True), ("full", 0.2, 0.5, False),
+])
+def test_cosine_warm_restart_values(wave, length, multiplier, adaptive):
+    settings = dict(name="cosine_warm_restart", update_interval="step", start_value=4.8,
+                    end_value=0.0048, restart_interval_length=length, wave_type=wave,
+                    is_adaptive=adaptive)
+    if multiplier != 1.0:
+        settings["lr_multiplier"] = multiplier
+    schedule = build_lr_scheduler(optimizer_cfg(**settings))
+    for where in (0.0, 0.1, 0.2499, 0.26, 0.3, 0.45, 0.55, 0.61, 0.7, 0.9, 0.999):
+        expected = warm_restart_expected(where, 4.8, 0.0048, length, wave, multiplier, adaptive)
+        assert schedule(where) == pytest.approx(expected, rel=1e-9), where
+
+
+def test_cosine_warm_restart_shapes():
+    half = build_lr_scheduler(optimizer_cfg(
+        name="cosine_warm_restart", update_interval="step", start_value=1.0, end_value=0.0,
+        restart_interval_length=0.5, wave_type="half", lr_multiplier=0.5))
+    assert [half(w) for w in (0.0, 0.25, 0.5, 0.75)] == pytest.approx([1.0, 0.5, 0.5, 0.25])
+    assert half(0.4999) == pytest.approx(0.0, abs=1e-6)
+    full = build_lr_scheduler(optimizer_cfg(
+        name="cosine_warm_restart", update_interval="step", start_value=1.0, end_value=0.0,
+        restart_interval_length=0.25, wave_type="full", lr_multiplier=0.5))
+    # down to 0 at 0.25, back up to the second peak (0.5) at 0.5, down to 0 at 0.75, up to 0.25
+    assert [full(w) for w in (0.0, 0.25, 0.5, 0.75, 0.9999)] == pytest.approx(
+        [1.0, 0.0, 0.5, 0.0, 0.25], abs=1e-6)
+
+
+def test_cosine_warm_restart_after_a_warmup_and_scaled():
+    """VISSL's bs64_8node_cos_1restart_half schedule: a linear warmup then the restarts."""
+    settings = {
+        "name": "composite", "update_interval": "step", "lengths": [0.1, 0.9],
+        "interval_scaling": ["rescaled", "rescaled"],
+        "schedulers": [
+            {"name": "linear", "start_value": 0.6, "end_value": 4.8},
+            {"name": "cosine_warm_restart", "start_value": 4.8, "end_value": 0.0048,
+             "restart_interval_length": 0.5, "wave_type": "half"},
+        ],
+        "auto_lr_scaling": {"auto_scale": True, "base_lr_batch_size": 256},
+    }
+    schedule = build_lr_scheduler(apply_auto_lr_scaling(optimizer_cfg(**settings), 512))
+    assert schedule(0.05) == pytest.approx(2 * (0.6 + 4.2 * 0.5))
+    for where in (0.2, 0.5, 0.56, 0.8):
+        expected = warm_restart_expected((where - 0.1) / 0.9, 9.6, 0.0096, 0.5, "half")
+        assert schedule(where) == pytest.approx(expected, rel=1e-9)
+
+
+def test_cosine_warm_restart_refusals():
+    base = dict(name="cosine_warm_restart", start_value=1.0, end_value=0.0, wave_type="half",
+                restart_interval_length=0.5)
+    with pytest.raises(ValueError, match="needs the key 'restart_interval_length'"):
+        build_lr_scheduler(optimizer_cfg(**dict(base, restart_interval_length=None)))
+    with pytest.raises(ValueError, match="wave_type must be half or full, got 'quarter'"):
+        build_lr_scheduler(optimizer_cfg(**dict(base, wave_type="quarter")))
+    with pytest.raises(ValueError, match=r"restart_interval_length .* in \(0, 1\], got 1.5"):
+        build_lr_scheduler(optimizer_cfg(**dict(base, restart_interval_length=1.5)))
+    with pytest.raises(ValueError, match="lr_multiplier=0.5 would be ignored"):
+        build_lr_scheduler(optimizer_cfg(**dict(base, is_adaptive=True, lr_multiplier=0.5)))

@@ -7,3 +7,4 @@ hook_generator)`` registered with ``@register_engine(name)`` (from
 from ssl_engine.engines.registry import ENGINE_REGISTRY, get_engine, register_engine  # noqa: F401
 from ssl_engine.engines import train  # noqa: F401  (registers)
 from ssl_engine.engines import extract_features  # noqa: F401  (registers)
+from ssl_engine.engines import extract_label_predictions  # noqa: F401  (registers)

@@ -19,6 +19,7 @@ def feature_batches(features_fn: FeaturesFn, loader, device: torch.device
             inputs = [x.to(device, non_blocking=non_blocking) for x in inputs]
         else:
             inputs = inputs.to(device, non_blocking=non_blocking)
-        features = {name: feats.flatten(1).float().cpu()
+        features = {name: (feats.flatten(1).float() if feats.is_floating_point()
+                           else feats.flatten(1)).cpu()  # class indices stay integers
                     for name, feats in features_fn(inputs).items()}
         yield features, batch["target"], batch["data_idx"]

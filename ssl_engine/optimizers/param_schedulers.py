@@ -4,8 +4,11 @@ schedulers.
 A scheduler maps ``where`` (fraction of training done, in [0, 1)) to a value. Names:
 ``constant`` (value), ``linear`` / ``cosine`` (start_value, end_value), ``multistep`` (values,
 milestones in epochs, num_epochs), ``step`` (values, num_epochs), ``composite`` (schedulers,
-lengths, interval_scaling). ``update_interval: epoch`` holds the value for a whole epoch.
+lengths, interval_scaling), ``cosine_warm_restart`` (start_value, end_value,
+restart_interval_length, wave_type, lr_multiplier, is_adaptive: cosine waves restarted at
+fixed fractions of training). ``update_interval: epoch`` holds the value for a whole epoch.
 """
+import bisect
 import math
 import warnings
 from typing import Any, Callable, Dict, Mapping
@@ -51,6 +54,76 @@ def _composite(cfg: Mapping[str, Any], num_epochs: int) -> ParamScheduler:
     return CompositeParamScheduler(schedulers, lengths, scaling)
 
 
+class CosineWarmRestartParamScheduler(ParamScheduler):
+    """Cosine waves from a peak down to ``end_value``, restarted every ``restart_interval_length``
+    (a fraction of the schedule), as VISSL's ``cosine_warm_restart``.
+
+    ``wave_type: half``: each interval ``[k L, (k + 1) L)`` is one half cosine from the peak of
+    restart k down to ``end_value``.  ``wave_type: full``: ``cos(pi * where / L)`` runs on without
+    resetting ``where`` (down over ``[0, L)``, up and down again over ``[L, 3 L)``, ...); the
+    peak changes at the troughs ``L, 3 L, 5 L, ...``, where the value is ``end_value`` whatever
+    the peak.  The peak of restart k is ``start_value * lr_multiplier ** k``; with
+    ``is_adaptive`` it is instead the value that a single cosine from ``start_value`` to
+    ``end_value`` over the whole schedule takes at the restart (half: at ``k L``; full: at
+    ``L + t_k`` where ``t_k`` is the restart's start, so already restart 0 peaks below
+    ``start_value``, as in VISSL).
+    """
+
+    WAVE_TYPES = ("half", "full")
+
+    def __init__(self, start_value: float, end_value: float, restart_interval_length: float,
+                 wave_type: str = "half", lr_multiplier: float = 1.0, is_adaptive: bool = False):
+        if wave_type not in self.WAVE_TYPES:
+            raise ValueError(f"param scheduler 'cosine_warm_restart': wave_type must be half or "
+                             f"full, got '{wave_type}'")
+        if not 0 < restart_interval_length <= 1:
+            raise ValueError("param scheduler 'cosine_warm_restart': restart_interval_length is "
+                             "the fraction of the schedule between restarts and must be in "
+                             f"(0, 1], got {restart_interval_length}")
+        self.start_value = float(start_value)
+        self.end_value = float(end_value)
+        self.interval = float(restart_interval_length)
+        self.wave_type = wave_type
+        # where each restart begins: every L (half waves), or at the troughs L, 3L, 5L (full)
+        first, spacing = (self.interval, self.interval) if wave_type == "half" else (
+            self.interval, 2 * self.interval)
+        self.restarts = [0.0]
+        while first + (len(self.restarts) - 1) * spacing < 1.0:
+            self.restarts.append(first + (len(self.restarts) - 1) * spacing)
+        if is_adaptive:
+            shift = 0.0 if wave_type == "half" else self.interval
+            self.peaks = [self._single_cosine(start + shift) for start in self.restarts]
+        else:
+            self.peaks = [self.start_value * float(lr_multiplier) ** k
+                          for k in range(len(self.restarts))]
+
+    def _single_cosine(self, where: float) -> float:
+        return self.end_value + 0.5 * (self.start_value - self.end_value) * (
+            1 + math.cos(math.pi * where))
+
+    def __call__(self, where: float) -> float:
+        peak = self.peaks[max(bisect.bisect(self.restarts, where) - 1, 0)]
+        if self.wave_type == "half":
+            phase = (where % self.interval) / self.interval
+        else:
+            phase = where / self.interval
+        return self.end_value + 0.5 * (peak - self.end_value) * (1 + math.cos(math.pi * phase))
+
+
+def _cosine_warm_restart(cfg: Mapping[str, Any], num_epochs: int) -> ParamScheduler:
+    is_adaptive = bool(cfg.get("is_adaptive") or False)
+    lr_multiplier = cfg.get("lr_multiplier")
+    if is_adaptive and lr_multiplier not in (None, 1, 1.0):
+        raise ValueError(
+            "param scheduler 'cosine_warm_restart': is_adaptive computes the peak of every "
+            f"restart itself, so lr_multiplier={lr_multiplier} would be ignored; remove "
+            "lr_multiplier or set is_adaptive: false")
+    return CosineWarmRestartParamScheduler(
+        _require(cfg, "start_value"), _require(cfg, "end_value"),
+        _require(cfg, "restart_interval_length"), _require(cfg, "wave_type"),
+        1.0 if lr_multiplier is None else lr_multiplier, is_adaptive)
+
+
 _BUILDERS: Dict[str, Callable[[Mapping[str, Any], int], ParamScheduler]] = {
     "constant": lambda cfg, n: ConstantParamScheduler(_require(cfg, "value")),
     "linear": lambda cfg, n: LinearParamScheduler(_require(cfg, "start_value"), _require(cfg, "end_value")),
@@ -60,6 +133,7 @@ _BUILDERS: Dict[str, Callable[[Mapping[str, Any], int], ParamScheduler]] = {
     ),
     "step": lambda cfg, n: StepParamScheduler(_epochs(cfg, n), list(_require(cfg, "values"))),
     "composite": _composite,
+    "cosine_warm_restart": _cosine_warm_restart,
 }
 
 

@@ -15,7 +15,8 @@ from ssl_engine.optimizers.param_schedulers import ClassyParamScheduler, build_s
 KEY = "config.OPTIMIZER.param_schedulers.weight_decay"
 # settings that only a named scheduler reads
 VALUE_KEYS = ("value", "values", "milestones", "num_epochs", "start_value", "end_value",
-              "schedulers", "lengths", "interval_scaling")
+              "schedulers", "lengths", "interval_scaling", "restart_interval_length",
+              "wave_type", "lr_multiplier")
 
 
 def build_weight_decay_scheduler(

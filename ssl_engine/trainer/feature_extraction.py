@@ -8,6 +8,11 @@ leaves temporary files (dot-prefixed, overwritten by the next run) and no final-
 A write that fails (a full disk) removes the temporary files and ends with one ExtractionError
 naming the splits already complete; the files of earlier runs are only replaced by complete
 ones.
+
+The files of a split are named by a ``paths(folder, split, layer) -> {"features", "targets",
+"inds": path}`` function: ``extracted_paths`` (``<split>_<layer>_<kind>.npy``) by default.
+Several layers may share their targets and inds files (the label predictions engine writes a
+predictions and a scores "layer" per model output); they are written once.
 """
 import errno
 import logging
@@ -18,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
+
+PathsFn = Callable[[Path, str, str], Dict[str, Path]]  # (folder, split, layer) -> {kind: path}
 
 import numpy as np
 import torch
@@ -115,14 +122,14 @@ class RankWriter:
     background thread writes the batches queued by ``append`` (at most WRITE_QUEUE_BATCHES)."""
 
     def __init__(self, folder: Path, split: str, layers: Sequence[str], rank: int,
-                 num_rows: int):
+                 num_rows: int, paths: PathsFn = extracted_paths):
         self.layers = list(layers)
-        first = extracted_paths(folder, split, layers[0])
+        first = paths(folder, split, layers[0])
         self.files = {
             "inds": NpyAppender(temporary(first["inds"], rank), num_rows),
             "targets": NpyAppender(temporary(first["targets"], rank), num_rows),
-            **{layer: NpyAppender(temporary(extracted_paths(folder, split, layer)["features"],
-                                            rank), num_rows) for layer in self.layers},
+            **{layer: NpyAppender(temporary(paths(folder, split, layer)["features"], rank),
+                                  num_rows) for layer in self.layers},
         }
         self._queue: "queue.Queue" = queue.Queue(maxsize=WRITE_QUEUE_BATCHES)
         self._error: Optional[BaseException] = None
@@ -156,8 +163,7 @@ class RankWriter:
                     f"layer {layer} gives {len(features[layer])} rows for a batch of {rows} "
                     "samples: extraction takes one view per sample (default collator)"
                 )
-        item = {layer: features[layer].numpy().astype(np.float32, copy=False)
-                for layer in self.layers}
+        item = {layer: _stored(features[layer].numpy()) for layer in self.layers}
         item["targets"] = targets.numpy().astype(np.int64, copy=False)
         item["inds"] = inds.numpy().astype(np.int64, copy=False)
         self._queue.put(item)
@@ -179,6 +185,13 @@ class RankWriter:
         self._stop()
         for appender in self.files.values():
             appender.discard()
+
+
+def _stored(rows: np.ndarray) -> np.ndarray:
+    """Floating rows as float32, integer ones (class indices) as int64."""
+    if np.issubdtype(rows.dtype, np.integer):
+        return rows.astype(np.int64, copy=False)
+    return rows.astype(np.float32, copy=False)
 
 
 # ---------------------------------------------------------------------- merging
@@ -258,34 +271,38 @@ def _in_dataset_order(inds_path: Path, num_samples: int) -> bool:
 
 
 def _merge_split(folder: Path, split: str, layers: Sequence[str], world: int,
-                 num_samples: int) -> None:
+                 num_samples: int, paths: PathsFn = extracted_paths) -> None:
     """Build the merged temporaries of every layer, then rename them all to their final
     names. A single rank's files already in dataset order are renamed, not copied."""
-    first = extracted_paths(folder, split, layers[0])
+    first = paths(folder, split, layers[0])
     rank_inds = [temporary(first["inds"], rank) for rank in range(world)]
     in_order = world == 1 and _in_dataset_order(rank_inds[0], num_samples)
+    finals = {}  # every final file once: path -> kind
     for layer in layers:
-        paths = extracted_paths(folder, split, layer)
+        layer_paths = paths(folder, split, layer)
         for kind in ("targets", "inds", "features"):
-            source = first if kind != "features" else paths
+            if layer_paths[kind] in finals:  # targets / inds shared with an earlier layer
+                continue
+            source = first if kind != "features" else layer_paths
             rank_files = [temporary(source[kind], rank) for rank in range(world)]
             if layer != layers[0] and kind != "features":
-                shutil.copyfile(temporary(first[kind]), temporary(paths[kind]))
+                shutil.copyfile(temporary(first[kind]), temporary(layer_paths[kind]))
             elif in_order:
-                os.replace(rank_files[0], temporary(paths[kind]))
+                os.replace(rank_files[0], temporary(layer_paths[kind]))
             else:
-                merge_rank_files(paths[kind], rank_files, rank_inds, num_samples)
-    for layer in layers:
-        paths = extracted_paths(folder, split, layer)
-        for kind in ("inds", "targets", "features"):  # features last: a split/layer is complete
-            os.replace(temporary(paths[kind]), paths[kind])  # once its features file exists
+                merge_rank_files(layer_paths[kind], rank_files, rank_inds, num_samples)
+            finals[layer_paths[kind]] = kind
+    for kind in ("inds", "targets", "features"):  # features last: a split/layer is complete
+        for final in [path for path, of in finals.items() if of == kind]:  # once its features
+            os.replace(temporary(final), final)  # file exists
     fsync_dir(folder)
 
 
-def _remove_temporaries(folder: Path, split: str, layers: Sequence[str], tags) -> None:
+def _remove_temporaries(folder: Path, split: str, layers: Sequence[str], tags,
+                        paths: PathsFn = extracted_paths) -> None:
     """Delete the temporary files of ``split`` with the given tags (ranks, None: merged)."""
     for layer in layers:
-        for path in extracted_paths(folder, split, layer).values():
+        for path in paths(folder, split, layer).values():
             for tag in tags:
                 temporary(path, tag).unlink(missing_ok=True)
 
@@ -310,12 +327,13 @@ def write_failure(err: OSError, folder: Path, split: str, done: Sequence[str]) -
 
 
 def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder: Path,
-                  split: str, num_samples: int, num_rows: int, device: torch.device) -> None:
+                  split: str, num_samples: int, num_rows: int, device: torch.device,
+                  paths: PathsFn = extracted_paths) -> None:
     """Extract ``layers`` of one split into ``folder``. Called on every rank: this rank writes
     its ``num_rows`` rows (the batches of its sampler), then rank 0 merges. A failure leaves
     no final-named file of this split."""
     rank, world = get_rank(), get_world_size()
-    writer = RankWriter(folder, split, layers, rank, num_rows)
+    writer = RankWriter(folder, split, layers, rank, num_rows, paths)
     start = time.perf_counter()
     try:
         for features, targets, inds in feature_batches(features_fn, batches, device):
@@ -328,7 +346,7 @@ def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder:
         for _ in range(3):
             try:
                 writer.abort()
-                _remove_temporaries(folder, split, layers, [rank])
+                _remove_temporaries(folder, split, layers, [rank], paths)
                 break
             except Exception:  # noqa: BLE001  (the first error is the one raised below)
                 continue
@@ -344,45 +362,50 @@ def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder:
         return
     failure = None
     try:
-        _merge_split(folder, split, layers, world, num_samples)
+        _merge_split(folder, split, layers, world, num_samples, paths)
     except Exception as err:
         failure = f"{type(err).__name__}: {err}"
         raise
     finally:
         broadcast_object(failure)
         tags = list(range(world)) + ([None] if failure else [])
-        _remove_temporaries(folder, split, layers, tags)
+        _remove_temporaries(folder, split, layers, tags, paths)
 
 
 def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
-                     device: torch.device, folder: Path) -> Dict[str, Dict[str, Dict[str, Path]]]:
+                     device: torch.device, folder: Path, layers: Optional[Sequence[str]] = None,
+                     features_fn: Optional[Callable] = None, paths: PathsFn = extracted_paths,
+                     signature: bool = True) -> Dict[str, Dict[str, Dict[str, Path]]]:
     """Write ``<split>_<layer>_{features,targets,inds}.npy`` into ``folder`` for every dataset
     (split -> dataset) and every layer of ``model.extract_layer_names()``; return their paths.
 
     ``model`` is put in eval mode with gradients off; each rank reads its share of every split
-    (no shuffling, no dropped samples)."""
+    (no shuffling, no dropped samples). Other outputs: ``features_fn(inputs) -> {layer: rows}``
+    for ``layers``, into the files named by ``paths``; ``signature``: record what the files
+    depend on (``<split>_extraction.json``, read by the evaluation tools)."""
     from ssl_engine.config import AttrDict
     from ssl_engine.data import build_dataloader
     from ssl_engine.utils.cpu_budget import loader_workers
 
     model.eval()
     model.requires_grad_(False)
-    layers = list(model.extract_layer_names())
+    layers = list(model.extract_layer_names() if layers is None else layers)
+    features_fn = model.extract_layers if features_fn is None else features_fn
     written = {}
     for split, dataset in datasets.items():
         split_cfg = AttrDict(dict(cfg.DATA[split], DROP_LAST=False))
         loader = build_dataloader(dataset, split_cfg, num_workers=loader_workers(cfg),
                                   pin_memory=cfg.DATA.PIN_MEMORY and device.type == "cuda",
                                   epoch=0, seed=cfg.SEED_VALUE, shuffle=False)
-        if get_rank() == 0:  # files being replaced no longer match any recorded signature
-            signature_path(folder, split).unlink(missing_ok=True)
+        if get_rank() == 0 and signature:  # files being replaced no longer match the
+            signature_path(folder, split).unlink(missing_ok=True)  # recorded signature
         logger.info("extracting %s (%d samples) layers %s into %s", split.lower(), len(dataset),
                     ", ".join(layers), folder)
         batches = iter(loader)
         try:
-            extract_split(model.extract_layers, batches, layers, folder, split, len(dataset),
-                          len(loader.sampler), device)
-            if get_rank() == 0:
+            extract_split(features_fn, batches, layers, folder, split, len(dataset),
+                          len(loader.sampler), device, paths)
+            if get_rank() == 0 and signature:
                 write_signature(folder, cfg, split)
         except Exception as err:
             if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
@@ -393,5 +416,5 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
                 raise
             stop_workers(batches)
             raise died from None
-        written[split.lower()] = {layer: extracted_paths(folder, split, layer) for layer in layers}
+        written[split.lower()] = {layer: paths(folder, split, layer) for layer in layers}
     return written

@@ -157,6 +157,25 @@ class SelfSupervisionTrainer:
         """Write the features of every split in EXTRACT_FEATURES.SPLITS and every layer the
         model extracts (MODEL.FEATURE_EVAL_SETTINGS), from the frozen model with the weights
         of MODEL.WEIGHTS_INIT; return {split: {layer: {kind: path}}}."""
+        from ssl_engine.trainer import feature_extraction as fx
+
+        cfg, model, datasets, folder = self._extraction_setup(
+            lambda model: model.extract_layer_names(), "layers")
+        return fx.extract_features(model.to(self.device), datasets, cfg, self.device, folder)
+
+    def extract_label_predictions(self):
+        """Write the label predictions of the heads (top-k classes, softmax scores) with the
+        targets and dataset indices of every split in EXTRACT_FEATURES.SPLITS; return
+        {split: {output: {kind: path}}} (see ssl_engine/trainer/label_predictions.py)."""
+        from ssl_engine.trainer import label_predictions as lp
+
+        cfg, model, datasets, folder = self._extraction_setup(lp.prediction_names, "outputs")
+        return lp.extract_label_predictions(model.to(self.device), datasets, cfg, self.device,
+                                            folder)
+
+    def _extraction_setup(self, names_fn, what: str):
+        """(the extraction config, the frozen model with the weights of MODEL.WEIGHTS_INIT,
+        {split: dataset}, the output folder); ``names_fn(model)`` names the outputs logged."""
         from ssl_engine.data import build_dataset
         from ssl_engine.data.extraction_view import check_extraction_splits, extraction_config
         from ssl_engine.evaluation.extracted import extraction_dir
@@ -170,7 +189,7 @@ class SelfSupervisionTrainer:
         with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank
             torch.manual_seed(cfg.SEED_VALUE)
             model = build_model(cfg.MODEL)
-        layers = model.extract_layer_names()
+        layers = names_fn(model)
         if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE:
             report = load_weights_init(model, cfg.MODEL.WEIGHTS_INIT)  # logs its summary
             logger.info("extracting with %d tensors of %s (%d model tensors not in the file)",
@@ -178,7 +197,7 @@ class SelfSupervisionTrainer:
         else:
             logger.warning("config.MODEL.WEIGHTS_INIT.PARAMS_FILE is empty: extracting the "
                            "features of a randomly initialised model")
-        logger.info("extracting layers %s of splits %s", ", ".join(layers), ", ".join(splits))
+        logger.info("extracting %s %s of splits %s", what, ", ".join(layers), ", ".join(splits))
         cfg, changes = extraction_config(cfg, splits)
         for split, changed in changes.items():
             if changed:
@@ -190,4 +209,4 @@ class SelfSupervisionTrainer:
                            "(config.EXTRACT_FEATURES.ONE_DETERMINISTIC_VIEW=false): each "
                            "extraction gives other features", split.lower(), ", ".join(names))
         datasets = {split: build_dataset(cfg, split) for split in splits}
-        return fx.extract_features(model.to(self.device), datasets, cfg, self.device, folder)
+        return cfg, model, datasets, folder

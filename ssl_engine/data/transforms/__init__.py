@@ -4,6 +4,8 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     fast_blur,
     gaussian_blur,
     img_replicate,
+    jigsaw,
+    lab,
     multicrop,
     multicrop_random_apply,
     photometric,

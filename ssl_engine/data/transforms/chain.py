@@ -28,7 +28,8 @@ class TransformChain:
     a list of views; every later transform is applied to each view independently, except one
     with ``takes_views = True``, which gets the whole list (e.g. a different probability per
     view). A transform with ``sets_label = True`` returns ``(image, label)``: the label of that
-    view becomes ``label`` (e.g. the rotation a RotNet model must predict)."""
+    view becomes ``label`` (e.g. the rotation a RotNet model must predict); one that also
+    takes the views returns one image for the whole list, with its label."""
 
     def __init__(self, transforms: List[Any]):
         self.transforms = transforms
@@ -44,6 +45,9 @@ class TransformChain:
             many = isinstance(sample, list)
             if many and getattr(transform, "takes_views", False):
                 sample = transform(sample)
+                if getattr(transform, "sets_label", False):  # the list became one labelled
+                    sample, label = sample  # tensor (e.g. the patches of a jigsaw puzzle)
+                    labels = [label]
                 continue
             outputs = [transform(view) for view in sample] if many else [transform(sample)]
             if getattr(transform, "sets_label", False):

@@ -5,6 +5,8 @@ torchvision state dict without ``fc.*`` loads as is (resnext50_32x4d's too, with
 and WIDTH_PER_GROUP 4).  Every stage's channels scale with MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER;
 the 3x3 convolutions of the bottleneck blocks have GROUPS groups of
 WIDTH_PER_GROUP x WIDTH_MULTIPLIER channels each (stage planes x WIDTH_PER_GROUP / 64 x GROUPS).
+With MODEL.INPUT_TYPE lab (colorization models, LAB tensors of ImgPil2LabTensor) conv1 has one
+input channel and reads the L channel, as VISSL's trunk does.
 """
 from typing import Callable, List
 
@@ -100,11 +102,16 @@ class ResNetTrunk(StagedTrunk):
         strides = (1, 2, 2, int(cfg.get("LAYER4_STRIDE", 2)))
 
         stem = scaled(STEM_CHANNELS, width)
+        # LAB input: the L channel only (the first of the 3)
+        self.lab_input = str(model_cfg.get("INPUT_TYPE", "rgb")) == "lab"
+        in_channels = 1 if self.lab_input else 3
         if cfg.SMALL_IMAGE_STEM:
-            self.conv1 = nn.Conv2d(3, stem, kernel_size=3, stride=1, padding=1, bias=False)
+            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=3, stride=1, padding=1,
+                                   bias=False)
             self.maxpool = nn.Identity()
         else:
-            self.conv1 = nn.Conv2d(3, stem, kernel_size=7, stride=2, padding=3, bias=False)
+            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=7, stride=2, padding=3,
+                                   bias=False)
             self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.bn1 = norm_layer(stem)
         self.relu = nn.ReLU(inplace=True)
@@ -154,11 +161,18 @@ class ResNetTrunk(StagedTrunk):
             # the stem as one segment; each stage's residual blocks in checkpoint_splits
             stem = checkpointed_segments([StemBlock(self)], 1)
             layers = [checkpointed_segments(layer, self.checkpoint_splits) for layer in layers]
+        if self.lab_input:
+            stem = on_l_channel(stem)
         return [
             ("conv1", stem),
             *((f"res{index + 2}", layer) for index, layer in enumerate(layers)),
             ("res5avg", self._pool),
         ]
+
+
+def on_l_channel(stem: Callable) -> Callable:
+    """``stem`` applied to the first channel (L) of LAB images [N, 3, H, W]."""
+    return lambda x: stem(x[:, :1])
 
 
 class StemBlock(nn.Module):
