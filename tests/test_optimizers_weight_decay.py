@@ -149,3 +149,19 @@ def test_single_param_group_decays_every_parameter_norms_and_biases_included():
     with pytest.raises(ValueError, match="cannot take config.OPTIMIZER.lr_multipliers"):
         build_optimizer(optimizer_cfg("config.OPTIMIZER.construct_single_param_group_only=true",
                                       "config.OPTIMIZER.lr_multipliers=[[0, 2.0]]"), model)
+
+
+def test_dino_param_groups_exempt_biases_and_norms_by_name():
+    """param_group_constructor=dino: no weight decay for *.bias and names containing 'norm'."""
+    model = nn.Sequential()
+    model.add_module("proj", nn.Linear(4, 3))
+    model.add_module("norm1", nn.LayerNorm(3))
+    model.add_module("head", nn.Linear(3, 2, bias=False))
+    cfg = optimizer_cfg("config.OPTIMIZER.weight_decay=0.05", "config.OPTIMIZER.regularize_bn=true",
+                        "config.OPTIMIZER.regularize_bias=true",
+                        "config.OPTIMIZER.param_group_constructor=dino")
+    groups = build_optimizer(cfg, model).param_groups
+    decayed = {id(p) for g in groups if g["weight_decay"] == 0.05 for p in g["params"]}
+    exempt = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert decayed == {id(model.proj.weight), id(model.head.weight)}
+    assert exempt == {id(model.proj.bias), id(model.norm1.weight), id(model.norm1.bias)}

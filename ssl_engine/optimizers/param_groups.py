@@ -8,6 +8,9 @@ from torch.nn.modules.batchnorm import _NormBase
 NORM_LAYER_TYPES = (_NormBase, nn.GroupNorm, nn.LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
+PARAM_GROUP_CONSTRUCTORS = ("default", "dino")
+
+
 def lr_multiplier_of(name: str, lr_multipliers: Sequence[Sequence]) -> float:
     """The multiplier of the first ``[prefix, multiplier]`` pair whose prefix starts the
     parameter's name (whole dotted components: ``heads.1`` matches ``heads.1.clf.0.weight``,
@@ -22,7 +25,7 @@ def lr_multiplier_of(name: str, lr_multipliers: Sequence[Sequence]) -> float:
 def get_optimizer_param_groups(
     model: nn.Module, weight_decay: Union[float, Callable[[float], float]],
     regularize_bn: bool, regularize_bias: bool, lr_multipliers: Sequence[Sequence] = (),
-    single_group: bool = False,
+    single_group: bool = False, constructor: str = "default",
 ) -> List[Dict]:
     """``[{"params", "weight_decay", "lr_multiplier"}, ...]`` for the parameters that require
     gradients.
@@ -37,7 +40,14 @@ def get_optimizer_param_groups(
 
     ``single_group`` (VISSL's OPTIMIZER.construct_single_param_group_only): one group of every
     trainable parameter at ``weight_decay``, norm layers and biases included; no multipliers.
+
+    ``constructor`` (OPTIMIZER.param_group_constructor): ``default`` as above; ``dino`` (DINO's
+    rule, VISSL's name) exempts every parameter whose name ends with ``.bias`` or contains
+    ``norm``, whatever ``regularize_bn`` and ``regularize_bias`` say.
     """
+    if constructor not in PARAM_GROUP_CONSTRUCTORS:
+        raise ValueError(f"config.OPTIMIZER.param_group_constructor={constructor!r} is not one "
+                         f"of {', '.join(PARAM_GROUP_CONSTRUCTORS)}")
     if single_group:
         if lr_multipliers:
             raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
@@ -57,8 +67,11 @@ def get_optimizer_param_groups(
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
-            exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
             full_name = f"{prefix}.{name}" if prefix else name
+            if constructor == "dino":
+                exempt = full_name.endswith(".bias") or "norm" in full_name
+            else:
+                exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
             multiplier = lr_multiplier_of(full_name, lr_multipliers)
             groups.setdefault((multiplier != 1.0, multiplier, exempt), []).append(param)
     if not groups:

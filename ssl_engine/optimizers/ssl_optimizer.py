@@ -177,6 +177,7 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
         regularize_bias=optimizer_cfg["regularize_bias"],
         lr_multipliers=check_lr_multipliers(optimizer_cfg.get("lr_multipliers") or [], model),
         single_group=bool(optimizer_cfg.get("construct_single_param_group_only", False)),
+        constructor=optimizer_cfg.get("param_group_constructor", "default"),
     )
     lr = build_lr_scheduler(optimizer_cfg)
     for group in param_groups:  # each group's own lr schedule (classy evaluates it per step)
