@@ -76,5 +76,6 @@ def test_lone_tensor_and_column_target_built_from_config():
 
 def test_bad_target_shape_is_refused():
     loss = CrossEntropyMultipleOutputSingleTargetLoss()
-    with pytest.raises(ValueError, match=r"target must have shape \[N\], got \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"target must have shape \[N\] \(classes\) or \[N, C\] "
+                                         r"\(class probabilities\), got \(2, 3\) torch.int64"):
         loss([torch.zeros(2, 4)], torch.zeros(2, 3, dtype=torch.long))
