@@ -36,12 +36,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "node_id": "the machine rank is config.DISTRIBUTED.NODE_ID",
     "config.REPRODUCIBILITY.CUDDN_DETERMINISTIC": "deterministic cuDNN is not implemented",
     # HOOKS
-    "config.HOOKS.MEMORY_SUMMARY.PRINT_MEMORY_SUMMARY": also(
-        _NO_CPU + "the CUDA memory summary is not printed; set it to false", False),
-    "config.HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION":
-        "dumping live tensors after an exception is not implemented",
-    "config.HOOKS.LOG_GPU_STATS": also(
-        "nvidia-smi is not logged; run nvidia-smi beside the job, or set it to false", False),
     "config.HOOKS.TENSORBOARD_SETUP.LOG_DIR":
         "events go to CHECKPOINT.DIR/<EXPERIMENT_LOG_DIR>; set those instead",
     "config.HOOKS.TENSORBOARD_SETUP.LOG_PARAMS_GRADIENTS": also(

@@ -11,13 +11,14 @@ from ssl_engine.hooks.feature_report_hook import FeatureReportHook
 from ssl_engine.hooks.frozen_params_hook import FrozenParamsHook
 from ssl_engine.hooks.knn_hook import KnnEvalHook
 from ssl_engine.hooks.log_hooks import LogLossLrEtaHook
+from ssl_engine.hooks.memory_hooks import GpuStatsHook, MemorySummaryHook
 from ssl_engine.hooks.perf_hooks import ModelComplexityHook, PerfStatsHook
 from ssl_engine.hooks.registry import HOOK_REGISTRY, register_hook
 from ssl_engine.hooks.tensorboard_hook import TensorboardHook
 from ssl_engine.models.ema import ema_model_enabled
 
 __all__ = ["CheckpointHook", "CollapseMonitorHook", "EmaModelHook", "FeatureReportHook", "FrozenParamsHook", "KnnEvalHook",
-           "LogLossLrEtaHook", "ModelComplexityHook", "PerfStatsHook", "SSLClassyHookFunctions",
+           "GpuStatsHook", "LogLossLrEtaHook", "MemorySummaryHook", "ModelComplexityHook", "PerfStatsHook", "SSLClassyHookFunctions",
            "SSLHook", "TensorboardHook", "default_hook_generator", "register_hook"]
 
 
@@ -26,7 +27,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     online k-NN evaluation, the final feature report, the collapse monitor (self-supervised
     training) and temporarily frozen parameters when asked, the step timings
     (HOOKS.PERF_STATS) and the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
-    weights (HOOKS.EMA_MODEL), then the loss's own,
+    weights (HOOKS.EMA_MODEL), the memory summary (HOOKS.MEMORY_SUMMARY) and the GPU report
+    (HOOKS.LOG_GPU_STATS), then the loss's own,
     then the registered hooks named in HOOKS.EXTRA_HOOKS."""
     hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
     if not cfg.TEST_ONLY:
@@ -53,6 +55,12 @@ def default_hook_generator(cfg) -> List[SSLHook]:
                                          cfg.CHECKPOINT.DIR))
     if ema_model_enabled(cfg):
         hooks.append(EmaModelHook.from_config(cfg))
+    memory = cfg.HOOKS.MEMORY_SUMMARY
+    if memory.PRINT_MEMORY_SUMMARY or memory.DUMP_MEMORY_ON_EXCEPTION:
+        hooks.append(MemorySummaryHook(memory.PRINT_MEMORY_SUMMARY, memory.LOG_ITERATION_NUM,
+                                       memory.DUMP_MEMORY_ON_EXCEPTION))
+    if cfg.HOOKS.LOG_GPU_STATS:
+        hooks.append(GpuStatsHook())
     return hooks + loss_hooks(cfg) + extra_hooks(cfg)
 
 
