@@ -165,3 +165,33 @@ def test_dino_param_groups_exempt_biases_and_norms_by_name():
     exempt = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
     assert decayed == {id(model.proj.weight), id(model.head.weight)}
     assert exempt == {id(model.proj.bias), id(model.norm1.weight), id(model.norm1.bias)}
+
+
+def test_linear_eval_heads_groups_give_each_head_its_lr_and_weight_decay():
+    """param_group_constructor=linear_eval_heads (VISSL): per head lr multiplier, weight decay
+    and regularize_bn; a trainable parameter outside the heads is refused."""
+    heads = nn.ModuleList([nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 2)), nn.Linear(4, 3)])
+    model = nn.Module()
+    model.trunk, model.heads = nn.Linear(4, 4), heads
+    cfg = optimizer_cfg("config.OPTIMIZER.weight_decay=0.01", "config.OPTIMIZER.regularize_bn=false",
+                        "config.OPTIMIZER.regularize_bias=false",
+                        "config.OPTIMIZER.param_group_constructor=linear_eval_heads",
+                        "config.OPTIMIZER.linear_eval_heads=[{lr: 2.0, weight_decay: 0.5, "
+                        "regularize_bn: true}, {lr: 0.5}]",
+                        "config.OPTIMIZER.param_schedulers.lr={name: constant, value: 0.1, "
+                        "update_interval: step}")
+    with pytest.raises(ValueError, match=r"optimizes the heads only, but 2 trainable parameters "
+                                         r"are outside them \(e.g. trunk.weight\)"):
+        build_optimizer(cfg, model)
+    model.trunk.requires_grad_(False)
+    optimizer = build_optimizer(cfg, model)
+    optimizer.step(0.0)  # sets each group's lr from the schedule
+    by_param = {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups
+                for p in g["params"]}
+    for name, param in heads[0].named_parameters():  # head 0 regularizes its norm (weight)
+        assert by_param[id(param)] == pytest.approx((0.2, 0.0 if name.endswith("bias") else 0.5))
+    assert by_param[id(heads[1].weight)] == pytest.approx((0.05, 0.01))
+    assert by_param[id(heads[1].bias)] == pytest.approx((0.05, 0.0))  # regularize_bias false
+    cfg.linear_eval_heads = cfg.linear_eval_heads[:1]
+    with pytest.raises(ValueError, match="needs an entry {lr: ..} for head 1"):
+        build_optimizer(cfg, model)

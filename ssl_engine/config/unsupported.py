@@ -92,8 +92,8 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.OPTIMIZER.head_optimizer_params.use_different_wd":
         "a separate weight decay for the heads is not implemented",
     "config.OPTIMIZER.param_group_constructor": also(
-        "the parameter groups are default or dino (layer-wise lr decay, lr_decay, and per-head "
-        "learning rates, linear_eval_heads, are not implemented)", "dino"),
+        "the parameter groups are default, dino or linear_eval_heads (layer-wise lr decay, "
+        "lr_decay, is not implemented)", "dino", "linear_eval_heads"),
     "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":
         "the lr is scaled linearly with the batch",
     # EXTRACT_FEATURES

@@ -1,4 +1,5 @@
 """Split a model's trainable parameters into weight-decayed and not weight-decayed groups."""
+import re
 from typing import Callable, Dict, List, Sequence, Union
 
 import torch.nn as nn
@@ -8,7 +9,8 @@ from torch.nn.modules.batchnorm import _NormBase
 NORM_LAYER_TYPES = (_NormBase, nn.GroupNorm, nn.LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
-PARAM_GROUP_CONSTRUCTORS = ("default", "dino")
+PARAM_GROUP_CONSTRUCTORS = ("default", "dino", "linear_eval_heads")
+HEAD_INDEX = re.compile(r"^(?:module\.)?heads\.(\d+)\.")
 
 
 def lr_multiplier_of(name: str, lr_multipliers: Sequence[Sequence]) -> float:
@@ -26,6 +28,7 @@ def get_optimizer_param_groups(
     model: nn.Module, weight_decay: Union[float, Callable[[float], float]],
     regularize_bn: bool, regularize_bias: bool, lr_multipliers: Sequence[Sequence] = (),
     single_group: bool = False, constructor: str = "default",
+    linear_eval_heads: Sequence[Dict] = (),
 ) -> List[Dict]:
     """``[{"params", "weight_decay", "lr_multiplier"}, ...]`` for the parameters that require
     gradients.
@@ -43,11 +46,19 @@ def get_optimizer_param_groups(
 
     ``constructor`` (OPTIMIZER.param_group_constructor): ``default`` as above; ``dino`` (DINO's
     rule, VISSL's name) exempts every parameter whose name ends with ``.bias`` or contains
-    ``norm``, whatever ``regularize_bn`` and ``regularize_bias`` say.
+    ``norm``, whatever ``regularize_bn`` and ``regularize_bias`` say; ``linear_eval_heads``:
+    see ``linear_eval_head_groups``.
     """
     if constructor not in PARAM_GROUP_CONSTRUCTORS:
         raise ValueError(f"config.OPTIMIZER.param_group_constructor={constructor!r} is not one "
                          f"of {', '.join(PARAM_GROUP_CONSTRUCTORS)}")
+    if constructor == "linear_eval_heads" and not single_group:
+        if lr_multipliers:
+            raise ValueError("config.OPTIMIZER.param_group_constructor=linear_eval_heads sets "
+                             "each head's lr (OPTIMIZER.linear_eval_heads): it cannot take "
+                             f"config.OPTIMIZER.lr_multipliers={list(lr_multipliers)}")
+        return linear_eval_head_groups(model, weight_decay, regularize_bn, regularize_bias,
+                                       linear_eval_heads)
     if single_group:
         if lr_multipliers:
             raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
@@ -82,3 +93,49 @@ def get_optimizer_param_groups(
          "lr_multiplier": multiplier}
         for (_, multiplier, exempt), params in sorted(groups.items(), key=lambda item: item[0])
     ]
+
+
+def linear_eval_head_groups(
+    model: nn.Module, weight_decay: Union[float, Callable[[float], float]],
+    regularize_bn: bool, regularize_bias: bool, settings: Sequence[Dict],
+) -> List[Dict]:
+    """VISSL's ``linear_eval_heads`` parameter groups: head ``i``'s parameters at the lr
+    schedule times ``settings[i]["lr"]``, with ``settings[i]``'s ``weight_decay`` (default the
+    optimizer's) and ``regularize_bn`` (default the optimizer's); biases follow
+    ``regularize_bias``. Only the heads are optimized, as in VISSL: a trainable parameter
+    outside them is refused (freeze the trunk, or use the default constructor)."""
+    where = "config.OPTIMIZER.linear_eval_heads"
+    outside = [name for name, param in model.named_parameters()
+               if param.requires_grad and not HEAD_INDEX.match(name)]
+    if outside:
+        raise ValueError(f"config.OPTIMIZER.param_group_constructor=linear_eval_heads optimizes "
+                         f"the heads only, but {len(outside)} trainable parameters are outside "
+                         f"them (e.g. {outside[0]}): freeze the trunk "
+                         "(MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY) or use the default "
+                         "param_group_constructor")
+    groups: Dict[tuple, List] = {}
+    seen = set()
+    for prefix, module in model.named_modules():
+        is_norm = isinstance(module, NORM_LAYER_TYPES)
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            index = int(HEAD_INDEX.match(f"{prefix}.{name}").group(1))
+            if index >= len(settings) or not isinstance(settings[index], dict) \
+                    or "lr" not in settings[index]:
+                raise ValueError(f"{where} needs an entry {{lr: ..}} for head {index}; it has "
+                                 f"{len(settings)}: {list(settings)}")
+            head = settings[index]
+            bn = bool(head.get("regularize_bn", regularize_bn))
+            exempt = (is_norm and not bn) or (name == "bias" and not regularize_bias)
+            groups.setdefault((index, exempt), []).append(param)
+    if not groups:
+        raise ValueError("the model has no parameter that requires gradients: nothing to optimize")
+    out = []
+    for (index, exempt), params in sorted(groups.items(), key=lambda item: item[0]):
+        decay = settings[index].get("weight_decay", weight_decay)
+        decay = decay if callable(decay) else float(decay)
+        out.append({"params": params, "weight_decay": 0.0 if exempt else decay,
+                    "lr_multiplier": float(settings[index]["lr"])})
+    return out

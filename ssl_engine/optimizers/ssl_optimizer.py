@@ -178,6 +178,7 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
         lr_multipliers=check_lr_multipliers(optimizer_cfg.get("lr_multipliers") or [], model),
         single_group=bool(optimizer_cfg.get("construct_single_param_group_only", False)),
         constructor=optimizer_cfg.get("param_group_constructor", "default"),
+        linear_eval_heads=list(optimizer_cfg.get("linear_eval_heads") or []),
     )
     lr = build_lr_scheduler(optimizer_cfg)
     for group in param_groups:  # each group's own lr schedule (classy evaluates it per step)
