@@ -186,3 +186,12 @@ def test_multi_processing_method_is_checked_and_logged_when_not_the_default(capl
     _, cfg = compose_config([QUICK, "config.MULTI_PROCESSING_METHOD=threads"])
     with pytest.raises(ConfigError, match="MULTI_PROCESSING_METHOD='threads' is not one of"):
         derive_settings(cfg)
+
+
+def test_every_label_type_the_dataset_reads_passes_the_config_check():
+    from ssl_engine.data.ssl_dataset import LABEL_TYPES
+
+    for label_type in LABEL_TYPES:
+        _, cfg = compose_config([QUICK, f"config.DATA.TRAIN.LABEL_TYPE={label_type}",
+                                 f"config.DATA.TEST.LABEL_TYPE={label_type}"])
+        derive_settings(cfg)

@@ -12,8 +12,8 @@ _CHOICES = {
     "MACHINE.DEVICE": ("cpu", "gpu"),
     "DISTRIBUTED.BACKEND": ("auto", "gloo", "nccl"),
     "DISTRIBUTED.INIT_METHOD": ("tcp", "file", "env"),
-    "DATA.TRAIN.LABEL_TYPE": ("standard", "sample_index"),
-    "DATA.TEST.LABEL_TYPE": ("standard", "sample_index"),
+    "DATA.TRAIN.LABEL_TYPE": ("standard", "sample_index", "zero"),  # ssl_dataset.LABEL_TYPES
+    "DATA.TEST.LABEL_TYPE": ("standard", "sample_index", "zero"),
 }
 _POSITIVE = (
     "DATA.TRAIN.BATCHSIZE_PER_REPLICA",
