@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ssl_engine.data.collators import build_collator
+from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.sampler import StatefulDistributedSampler
 
 
@@ -55,11 +56,29 @@ def build_dataloader(
         sampler=sampler,
         num_workers=num_workers,
         pin_memory=pin_memory and torch.accelerator.is_available(),
-        collate_fn=build_collator(split_cfg.COLLATE_FUNCTION, split_cfg.COLLATE_FUNCTION_PARAMS),
+        collate_fn=LabelNamingCollator(
+            build_collator(split_cfg.COLLATE_FUNCTION, split_cfg.COLLATE_FUNCTION_PARAMS),
+            list(split_cfg.get("LABEL_PATHS", None) or [])),
         drop_last=split_cfg.DROP_LAST,
         persistent_workers=persistent,
         generator=torch.Generator().manual_seed(seed + epoch),
     )
+
+
+class LabelNamingCollator:
+    """``collate`` whose error for labels of different shapes in one batch also names the label
+    files of the split (picklable, for loader workers)."""
+
+    def __init__(self, collate, label_files):
+        self.collate, self.label_files = collate, [str(f) for f in label_files if f]
+
+    def __call__(self, samples):
+        try:
+            return self.collate(samples)
+        except MixedLabelShapes as err:
+            files = ", ".join(self.label_files) or "none (the labels come from the data source)"
+            raise MixedLabelShapes(f"{err}. Label file(s) of this split (LABEL_PATHS): "
+                                   f"{files}") from None
 
 
 def set_loader_position(loader: DataLoader, epoch: int, start_iter: int = 0) -> None:

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms.functional import to_tensor
 
 from ssl_engine.data.datasources.image_io import ImageLoadError
+from ssl_engine.data.labels import sample_label
 from ssl_engine.data.local_copy import local_split_paths
 from ssl_engine.data.paths import check_data_paths, source_classes, source_paths
 from ssl_engine.data.seeding import sample_seed, seeded_rngs
@@ -24,8 +25,9 @@ LABEL_TYPES = ("standard", "sample_index", "zero")
 
 
 class GenericSSLDataset(Dataset):
-    """``ds[i]`` -> {"data": [view tensors], "label": [int per view], "data_idx": i,
-    "data_valid": True}.
+    """``ds[i]`` -> {"data": [view tensors], "label": [label per view], "data_idx": i,
+    "data_valid": True}. A label is an int (one class) or a 1-D tensor (a row of an [N, C]
+    label file, or what a ``maps_label`` transform such as OneHotEncode made of it).
 
     The random augmentation of sample i in epoch e is a pure function of (SEED_VALUE, e, i):
     the transforms run with the global generators seeded from those three and restored after,
@@ -123,7 +125,8 @@ class GenericSSLDataset(Dataset):
         views = views if isinstance(views, list) else [views]
         views = [view if isinstance(view, torch.Tensor) else to_tensor(view) for view in views]
         view_labels = view_labels or [None] * len(views)  # set by e.g. ImgRotatePil
-        labels = [int(label) if own is None else int(own) for own in view_labels]
+        labels = [sample_label(self.transform.map_label(label if own is None else own))
+                  for own in view_labels]
         return {"data": views, "label": labels, "data_idx": position, "data_valid": valid}
 
 

@@ -66,6 +66,10 @@ def limited_indices(source, split_cfg, split: str):
     if labels is None:
         raise ValueError(f"{key}.DATA_LIMIT_SAMPLING.IS_BALANCED=true needs labels, and the "
                          f"{split_cfg.DATA_SOURCES[0]} source of this split has none")
+    if np.asarray(labels).ndim != 1:
+        raise ValueError(f"{key}.DATA_LIMIT_SAMPLING.IS_BALANCED=true balances one class per "
+                         f"image, and the labels of this split are vectors (shape "
+                         f"{np.asarray(labels).shape}, {key}.LABEL_PATHS): set IS_BALANCED=false")
     if len(set(np.asarray(labels).tolist())) > limit:
         raise ValueError(f"{key}.DATA_LIMIT={limit} is below the number of classes: a balanced "
                          "subset needs at least one sample per class")

@@ -9,9 +9,9 @@ FeaturesFn = Callable[[torch.Tensor], Dict[str, torch.Tensor]]
 @torch.no_grad()
 def feature_batches(features_fn: FeaturesFn, loader, device: torch.device
                     ) -> Iterator[Tuple[Dict[str, torch.Tensor], torch.Tensor, torch.Tensor]]:
-    """Yield ``({layer: features [B, D] float32 on the CPU}, targets [B], data_idx [B])`` for
-    every batch of ``loader``. ``features_fn`` maps a batch input to named features; the
-    caller puts the model in eval mode."""
+    """Yield ``({layer: features [B, D] float32 on the CPU}, targets [B] (or [B, C] label
+    rows), data_idx [B])`` for every batch of ``loader``. ``features_fn`` maps a batch input
+    to named features; the caller puts the model in eval mode."""
     non_blocking = device.type == "cuda"
     for batch in loader:
         inputs = batch["input"]

@@ -23,7 +23,10 @@ class TopKListMeter(ListMeter):
     """``num_meters`` copies of ``meter_class(topk_values)``, one per model output (e.g. one
     linear head per trunk stage). ``value`` is ``{"top_<k>": {meter_name: percent}}``.
     Subclasses set ``meter_name`` (the registered name) and ``meter_class``. ``update``'s
-    target: [N] classes (or [N, num_classes] 0/1 labels for the precision and recall meters)."""
+    target: [N] classes, or [N, num_classes] labels: 1 present, 0 absent, and -1 (VOC's
+    difficult) counted as absent; soft labels (floats) are counted by their mass. With
+    several present classes (ImageNet-ReaL), a sample is accurate at k when any of them is
+    among its k best scores."""
 
     meter_class = None
 
@@ -38,6 +41,11 @@ class TopKListMeter(ListMeter):
             )
         super().__init__([self.meter_class(topk_values) for _ in range(num_meters)], meter_names)
         self.topk_values = topk_values
+
+    def update(self, model_output, target, **kwargs) -> None:
+        if target.dim() == 2 and not target.is_floating_point():
+            target = target.clamp(min=0)  # -1 (unknown) would subtract from the counts
+        super().update(model_output, target, **kwargs)
 
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "TopKListMeter":

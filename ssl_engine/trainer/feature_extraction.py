@@ -164,7 +164,7 @@ class RankWriter:
                     "samples: extraction takes one view per sample (default collator)"
                 )
         item = {layer: _stored(features[layer].numpy()) for layer in self.layers}
-        item["targets"] = targets.numpy().astype(np.int64, copy=False)
+        item["targets"] = _stored(targets.numpy())  # [B] classes or [B, C] label rows
         item["inds"] = inds.numpy().astype(np.int64, copy=False)
         self._queue.put(item)
 
@@ -188,7 +188,7 @@ class RankWriter:
 
 
 def _stored(rows: np.ndarray) -> np.ndarray:
-    """Floating rows as float32, integer ones (class indices) as int64."""
+    """Floating rows as float32, integer ones (class indices, label rows) as int64."""
     if np.issubdtype(rows.dtype, np.integer):
         return rows.astype(np.int64, copy=False)
     return rows.astype(np.float32, copy=False)

@@ -52,6 +52,10 @@ def cutmixup_collator(samples, ssl_method: Optional[str] = None, **mixup_params)
     except TypeError as err:
         raise ValueError(f"cutmixup_collator: bad COLLATE_FUNCTION_PARAMS {mixup_params}: "
                          f"{err}") from None
+    if any(isinstance(label, torch.Tensor) for s in samples for label in s["label"]):
+        raise ValueError("cutmixup_collator mixes one class per image into soft labels; this "
+                         "split's labels are vectors (an [N, C] label file or OneHotEncode): "
+                         "use one class index per image")
     inputs, targets = [], []
     with seeded_rngs(_batch_seed(samples)):
         for view in range(views):

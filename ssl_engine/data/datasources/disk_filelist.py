@@ -1,4 +1,6 @@
-"""Images listed in a .npy file of paths, with labels from an optional .npy of integers."""
+"""Images listed in a .npy file of paths, with labels from an optional label file."""
+import json
+
 import numpy as np
 
 from ssl_engine.data.datasources.image_io import load_rgb_image
@@ -17,6 +19,60 @@ def _load_npy(path: str, key: str, mmap: bool) -> np.ndarray:
         ) from err
 
 
+_OBJECT_LABELS_FIX = (
+    "holds Python objects (e.g. a list of classes per image, as ImageNet-ReaL's labels), which "
+    "only pickles can store, and pickled files are not read (loading one can run code). Save "
+    "the classes as an [N, K] integer array padded with -1 (np.save(path, rows) where rows[i] "
+    "lists image i's classes, then -1s), or give a .json file holding one list of classes per "
+    "image; OneHotEncode turns either into multi-hot vectors")
+
+
+def load_labels(path: str, key: str, mmap: bool) -> np.ndarray:
+    """The labels in ``path``: [N] class indices or [N, C] rows (integers such as VOC's
+    1 / 0 / -1, or numbers). A .json file holds one class index or one list of class
+    indices per image; lists become rows padded with -1."""
+    if path.endswith(".json"):
+        return _json_labels(path, key)
+    try:
+        labels = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+    except ValueError as err:
+        if any(hint in str(err) for hint in ("allow_pickle", "Object arrays", "Python objects")):
+            raise ValueError(f"{key}: {path} {_OBJECT_LABELS_FIX}") from None
+        raise ValueError(f"{key}: {path} must be a numpy array of integers saved without "
+                         f"pickling: {err}") from err
+    numeric = labels.dtype == np.bool_ or np.issubdtype(labels.dtype, np.number)
+    if labels.ndim not in (1, 2) or (labels.ndim == 2 and not numeric):
+        raise ValueError(
+            f"{key}: {path} holds an array of shape {labels.shape} and dtype {labels.dtype}; "
+            "labels are [N] class indices or [N, C] numeric rows (e.g. VOC's 1 / 0 / -1)")
+    return labels
+
+
+def _json_labels(path: str, key: str) -> np.ndarray:
+    with open(path) as handle:
+        try:
+            entries = json.load(handle)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{key}: {path} is not valid JSON: {err}") from None
+    if not isinstance(entries, list):
+        raise ValueError(f"{key}: {path} must hold a JSON list (one entry per image)")
+    if all(isinstance(entry, int) and not isinstance(entry, bool) for entry in entries):
+        return np.asarray(entries, dtype=np.int64)
+    rows = []
+    for index, entry in enumerate(entries):
+        entry = [entry] if isinstance(entry, int) and not isinstance(entry, bool) else entry
+        if not isinstance(entry, list) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in entry):
+            raise ValueError(f"{key}: {path}: entry {index} is {entry!r}; each entry must be a "
+                             "class index or a list of class indices >= 0")
+        rows.append(entry)
+    width = max([len(row) for row in rows] + [1])
+    padded = np.full((len(rows), width), -1, dtype=np.int64)
+    for index, row in enumerate(rows):
+        padded[index, :len(row)] = row
+    return padded
+
+
 def label_path(cfg, split: str, source_index: int) -> str:
     """The LABEL_PATHS entry of this source, or "" when there is none."""
     paths = cfg.DATA[split].LABEL_PATHS
@@ -25,9 +81,11 @@ def label_path(cfg, split: str, source_index: int) -> str:
 
 @register_datasource("disk_filelist")
 class DiskFilelistSource:
-    """DATA_PATHS entry: a .npy of image paths. LABEL_PATHS entry (optional): a .npy of integer
-    labels of the same length; without it every label is -1. With DATA.<split>.MMAP_MODE both
-    files are memory-mapped rather than read whole."""
+    """DATA_PATHS entry: a .npy of image paths. LABEL_PATHS entry (optional), one row per image:
+    a .npy of [N] integer labels (an int per image), of [N, C] rows (a label vector per image,
+    e.g. VOC's 1 present / 0 absent / -1 difficult) or a .json list (see ``load_labels``);
+    without it every label is -1. With DATA.<split>.MMAP_MODE both .npy files are
+    memory-mapped rather than read whole."""
 
     needs_path = True
 
@@ -37,7 +95,7 @@ class DiskFilelistSource:
         labels_file = label_path(cfg, split, source_index)
         if labels_file:
             key = f"config.DATA.{split}.LABEL_PATHS[{source_index}]"
-            self.label_array = _load_npy(labels_file, key, mmap)
+            self.label_array = load_labels(labels_file, key, mmap)
             if len(self.label_array) != len(self.image_paths):
                 raise ValueError(
                     f"{key}: {labels_file} holds {len(self.label_array)} labels but {path} lists "
@@ -53,5 +111,10 @@ class DiskFilelistSource:
         return None if self.label_array is None else np.asarray(self.label_array)
 
     def __getitem__(self, index: int):
-        label = -1 if self.label_array is None else int(self.label_array[index])
+        if self.label_array is None:
+            label = -1
+        elif self.label_array.ndim == 2:
+            label = np.array(self.label_array[index])  # a copy: never a view of the map
+        else:
+            label = int(self.label_array[index])
         return load_rgb_image(str(self.image_paths[index])), label

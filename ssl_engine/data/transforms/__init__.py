@@ -8,6 +8,7 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     lab,
     multicrop,
     multicrop_random_apply,
+    one_hot_encode,
     photometric,
     resize,
     rotate,

@@ -29,7 +29,10 @@ class TransformChain:
     with ``takes_views = True``, which gets the whole list (e.g. a different probability per
     view). A transform with ``sets_label = True`` returns ``(image, label)``: the label of that
     view becomes ``label`` (e.g. the rotation a RotNet model must predict); one that also
-    takes the views returns one image for the whole list, with its label."""
+    takes the views returns one image for the whole list, with its label. A transform with
+    ``maps_label = True`` (e.g. OneHotEncode) leaves the images alone: its ``map_label(label)``
+    rewrites the final label of every view (``map_label`` of the chain applies them in
+    order)."""
 
     def __init__(self, transforms: List[Any]):
         self.transforms = transforms
@@ -42,6 +45,8 @@ class TransformChain:
         transform: None where none set one; None for all when no such transform ran)."""
         labels = None
         for transform in self.transforms:
+            if getattr(transform, "maps_label", False):
+                continue
             many = isinstance(sample, list)
             if many and getattr(transform, "takes_views", False):
                 sample = transform(sample)
@@ -58,6 +63,13 @@ class TransformChain:
                 outputs = outputs[0]
             sample = outputs if many or getattr(transform, "makes_views", False) else outputs[0]
         return sample, labels
+
+    def map_label(self, label):
+        """``label`` through every ``maps_label`` transform, in order."""
+        for transform in self.transforms:
+            if getattr(transform, "maps_label", False):
+                label = transform.map_label(label)
+        return label
 
     def __repr__(self) -> str:
         inner = "".join(f"\n  {t!r}" for t in self.transforms)
