@@ -42,9 +42,11 @@ VISSL_TREE = {
                         "synchronising CUDA between FSDP units"),
     "model/resnet_sk": ("  MODEL: {TRUNK: {NAME: resnet_sk, RESNETS_SK: {DEPTH: 152, "
                         "WIDTH_MULTIPLIER: 3, SK_RATIO: 0.0625}}}", None),
-    "model/swin": ("  MODEL: {TRUNK: {NAME: swin_transformer}}",
-                   "config.MODEL.TRUNK.NAME=swin_transformer is not supported: the "
-                   "swin_transformer trunk"),
+    "model/swin": ("  MODEL: {TRUNK: {NAME: swin_transformer}}", None),
+    "model/classy_vit": ("  MODEL: {TRUNK: {NAME: classy_vit}}", None),
+    "model/mnv3_timm": ("  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}",
+                        "config.MODEL.TRUNK.NAME=mobilenetv3_timm is not supported: the "
+                        "mobilenetv3_timm trunk"),
     "model/amp": ("  MODEL: {AMP_PARAMS: {USE_AMP: true, AMP_TYPE: apex, AMP_ARGS: {opt_level: O1}}}",
                   None),  # composes; apex itself is refused when the model is built
     "loss/nce": ("  LOSS: {name: nce_loss_with_memory, nce_loss_with_memory: {temperature: 0.07}}",

@@ -22,7 +22,7 @@ TREE = {
     + "  CLUSTERFIT: {NUM_CLUSTERS: 100}\n",
     # fragments: composed over bench/a_synthetic
     "bench/models/resnet101": "  MODEL: {TRUNK: {NAME: resnet, RESNETS: {DEPTH: 101}}}\n",
-    "bench/models_fine/swin": "  MODEL: {TRUNK: {NAME: swin_transformer}}\n",
+    "bench/models_fine/mnv3": "  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}\n",
     "bench/models/typo": "  MODEL: {TRUNK: {RESNET: {DEPTH: 101}}}\n",
     "bench/semi_sup_datasets/per01": DATA.format(source="synthetic", name="subset"),
 }
@@ -58,7 +58,7 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     assert "compose and validate: 4" in out
     assert "refused:              4 (4 reasons)" in out
     lines = [line.strip() for line in out.splitlines()]
-    assert "1  config.MODEL.TRUNK.NAME=swin_transformer  [bench/models_fine/swin]" in lines
+    assert "1  config.MODEL.TRUNK.NAME=mobilenetv3_timm  [bench/models_fine/mnv3]" in lines
     assert "1  unknown key config.MODEL.TRUNK.RESNET  [bench/models/typo]" in lines
     assert any(line.startswith("1  unsupported config.CLUSTERFIT.NUM_CLUSTERS") for line in lines)
     assert any(line.startswith("1  config.DATA.TRAIN.DATASET_NAMES[N]='in_no_catalog' is not in")
@@ -66,8 +66,8 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     names, foreign = module.config_names(tmp_path / "config")
     pairs = dict(names)
     assert foreign == ["detection/d2"]
-    assert pairs["bench/models_fine/swin"] == ["config=bench/a_synthetic",
-                                               "+config/bench/models_fine=swin"]
+    assert pairs["bench/models_fine/mnv3"] == ["config=bench/a_synthetic",
+                                               "+config/bench/models_fine=mnv3"]
     assert pairs["bench/semi_sup_datasets/per01"] == ["config=bench/a_synthetic",
                                                       "+config/bench/semi_sup_datasets=per01"]
     assert pairs["bench/b_catalog"] == ["config=bench/b_catalog"]

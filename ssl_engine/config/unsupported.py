@@ -7,9 +7,8 @@ here. ``UNSUPPORTED_NAMES`` does the same for component names VISSL knows (trunk
 meters) that the engine has not got.
 
 Settings that act only through a refused switch or name are not listed (the sampler settings
-under STRATIFIED_SAMPLER besides ENABLED, the SWIN_TRANSFORMER section, the settings of a loss
-the engine has not got ...): a run can only start with the switch at its default, where VISSL reads them
-neither.
+under STRATIFIED_SAMPLER besides ENABLED, the settings of a loss the engine has not got ...): a
+run can only start with the switch at its default, where VISSL reads them neither.
 
 Patterns: ``*`` stands for one part of the dotted path (``config.DATA.*.MMAP_MODE`` is the
 key of TRAIN and of TEST); a pattern naming a section refuses any change inside it, naming the
@@ -131,10 +130,10 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
 _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.MODEL.TRUNK.NAME": {
-        **{name: f"the {name} trunk {_NOT_YET} (trunks: resnet, resnet_sk, regnet, "
-                 f"efficientnet, vision_transformer, beit, convnext, xcit, convit, "
-                 f"mobilenetv3_tv, alexnet_*)" for name in (
-            "swin_transformer", "classy_vit", "mobilenetv3_timm")},
+        "mobilenetv3_timm": f"the mobilenetv3_timm trunk {_NOT_YET} (trunks: resnet, "
+                            "resnet_sk, regnet, efficientnet, vision_transformer, classy_vit, "
+                            "beit, convnext, xcit, convit, swin_transformer, mobilenetv3_tv, "
+                            "alexnet_*)",
     },
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (

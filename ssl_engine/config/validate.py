@@ -26,7 +26,8 @@ NUMBER_OR_INF = ("config.MODEL.GRAD_CLIP.NORM_TYPE",)
 # "1e-5", which YAML 1.1 reads as a string, as well).
 NUMBER_OR_FALSE = ("config.MODEL.TRUNK.BEIT.INIT_VALUES", "config.MODEL.TRUNK.BEIT.QK_SCALE",
                    "config.MODEL.TRUNK.XCIT.ETA", "config.MODEL.TRUNK.XCIT.QK_SCALE",
-                   "config.MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE")
+                   "config.MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE",
+                   "config.MODEL.TRUNK.SWIN_TRANSFORMER.QK_SCALE")
 # Keys that take a string or an int (a count that VISSL's configs write either way).
 STR_OR_INT = ("config.DISTRIBUTED.NCCL_SOCKET_NTHREADS",)
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,

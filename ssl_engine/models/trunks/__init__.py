@@ -7,6 +7,7 @@ from ssl_engine.models.registry import MODEL_TRUNKS
 # registers alexnet_deepcluster, alexnet_bvlc, alexnet_jigsaw, alexnet_rotnet, alexnet_colorization
 from ssl_engine.models.trunks.alexnet import ALEXNET_TRUNKS  # noqa: F401
 from ssl_engine.models.trunks.beit import BEiTTrunk  # noqa: F401  (registers "beit")
+from ssl_engine.models.trunks.classy_vit import ClassyViTTrunk  # noqa: F401  ("classy_vit")
 from ssl_engine.models.trunks.convit import ConViTTrunk  # noqa: F401  ("convit")
 from ssl_engine.models.trunks.convnext import ConvNeXtTrunk  # noqa: F401  ("convnext")
 from ssl_engine.models.trunks.efficientnet import EfficientNetTrunk  # noqa: F401  ("efficientnet")
@@ -14,6 +15,8 @@ from ssl_engine.models.trunks.mobilenet import MobileNetV3TVTrunk  # noqa: F401 
 from ssl_engine.models.trunks.regnet import RegNetTrunk  # noqa: F401  (registers "regnet")
 from ssl_engine.models.trunks.resnet import ResNetTrunk  # noqa: F401  (registers "resnet")
 from ssl_engine.models.trunks.resnet_sk import ResNetSKTrunk  # noqa: F401  ("resnet_sk")
+# registers "swin_transformer"
+from ssl_engine.models.trunks.swin_transformer import SwinTransformerTrunk  # noqa: F401
 # registers "vision_transformer"
 from ssl_engine.models.trunks.vision_transformer import VisionTransformerTrunk  # noqa: F401
 from ssl_engine.models.trunks.xcit import XCiTTrunk  # noqa: F401  ("xcit", "xcit_fsdp")
