@@ -220,7 +220,8 @@ def main(argv=None) -> int:
 
     saved_env = {var: os.environ.get(var) for var in ENV_SET}
     saved_level = logging.getLogger("ssl_engine").level
-    logging.getLogger("ssl_engine").setLevel(logging.ERROR)  # per-file warnings (nccl -> gloo)
+    # per-file warnings (nccl -> gloo, older keys moved) would drown the report
+    logging.getLogger("ssl_engine").setLevel(logging.ERROR)
     try:
         return measure(args)
     finally:
@@ -258,10 +259,6 @@ def measure(args) -> int:
         shutil.copytree(root, tmp / "config")
         shutil.copy(REPO / "configs/config/defaults.yaml", tmp / "config/defaults.yaml")
         os.environ["SSL_ENGINE_CONFIG_DIR"] = str(tmp)
-    import logging
-
-    # the warning of each older key moved (one per file) would drown the report
-    logging.getLogger("ssl_engine.config.legacy_keys").setLevel(logging.ERROR)
     start = time.perf_counter()
     reasons = collections.Counter()
     examples = {}
