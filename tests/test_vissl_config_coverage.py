@@ -2,6 +2,7 @@
 files compose and validate, how fragments pair with their base, how refusals are grouped."""
 import importlib.util
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -28,6 +29,11 @@ TREE = {
 }
 
 
+def logger_levels():
+    return {name: logging.getLogger(name).level for name in list(logging.root.manager.loggerDict)
+            if name.startswith("ssl_engine")}
+
+
 def run_script(tmp_path, capsys, *args):
     spec = importlib.util.spec_from_file_location(
         "vissl_config_coverage", REPO / "extra_scripts/vissl_config_coverage.py")
@@ -43,8 +49,10 @@ def run_script(tmp_path, capsys, *args):
     (root / "dataset_catalog.json").write_text(json.dumps(
         {"my_folder": {"train": ["/nowhere/train", ""], "val": ["/nowhere/val", ""]}}))
     before = {var: os.environ.get(var) for var in module.ENV_SET}
+    levels = logger_levels()
     assert module.main([str(root), "--top", "20", *args]) == 0
     assert {var: os.environ.get(var) for var in module.ENV_SET} == before  # set for the run only
+    assert logger_levels() == levels  # the run quiets the engine's warnings, then restores
     return module, capsys.readouterr().out
 
 
