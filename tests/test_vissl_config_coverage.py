@@ -52,7 +52,9 @@ def run_script(tmp_path, capsys, *args):
     levels = logger_levels()
     assert module.main([str(root), "--top", "20", *args]) == 0
     assert {var: os.environ.get(var) for var in module.ENV_SET} == before  # set for the run only
-    assert logger_levels() == levels  # the run quiets the engine's warnings, then restores
+    after = logger_levels()  # the run quiets the engine's warnings, then restores the levels
+    assert {name: after[name] for name in levels} == levels
+    assert all(level == logging.NOTSET for name, level in after.items() if name not in levels)
     return module, capsys.readouterr().out
 
 
