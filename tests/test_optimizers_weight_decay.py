@@ -195,3 +195,27 @@ def test_linear_eval_heads_groups_give_each_head_its_lr_and_weight_decay():
     cfg.linear_eval_heads = cfg.linear_eval_heads[:1]
     with pytest.raises(ValueError, match="needs an entry {lr: ..} for head 1"):
         build_optimizer(cfg, model)
+
+
+def test_non_regularized_parameters_are_named_by_substrings():
+    """OPTIMIZER.non_regularized_parameters (VISSL): e.g. a ViT's class token and position
+    embedding get no weight decay."""
+    model = nn.Module()
+    model.class_token = nn.Parameter(torch.zeros(1, 4))
+    model.pos_embedding = nn.Parameter(torch.zeros(3, 4))
+    model.proj = nn.Linear(4, 4)
+    cfg = optimizer_cfg("config.OPTIMIZER.weight_decay=0.05", "config.OPTIMIZER.regularize_bias=true",
+                        "config.OPTIMIZER.non_regularized_parameters=[pos_embedding, class_token]")
+    groups = build_optimizer(cfg, model).param_groups
+    exempt = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert exempt == {id(model.class_token), id(model.pos_embedding)}
+
+
+def test_non_regularized_vissl_vit_names_read_as_the_vit_s_and_unknown_names_are_refused():
+    from ssl_engine.optimizers.param_groups import resolve_name_parts
+
+    vit = nn.Module()
+    vit.cls_token, vit.pos_embed = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+    assert resolve_name_parts(vit, ["class_token", "pos_embedding"]) == ["cls_token", "pos_embed"]
+    with pytest.raises(ValueError, match="'tokens' is part of no parameter name"):
+        resolve_name_parts(vit, ["tokens"])

@@ -84,8 +84,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.LOSS.cross_entropy_multiple_output_single_target.reduction":
         "the loss is always the batch mean",
     # OPTIMIZER
-    "config.OPTIMIZER.non_regularized_parameters":
-        "not implemented; regularize_bn and regularize_bias choose what weight decay skips",
     "config.OPTIMIZER.head_optimizer_params.use_different_lr":
         "use OPTIMIZER.lr_multipliers (e.g. [[heads, 10.0]])",
     "config.OPTIMIZER.head_optimizer_params.use_different_wd":

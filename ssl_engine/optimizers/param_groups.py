@@ -13,6 +13,27 @@ PARAM_GROUP_CONSTRUCTORS = ("default", "dino", "linear_eval_heads")
 HEAD_INDEX = re.compile(r"^(?:module\.)?heads\.(\d+)\.")
 
 
+# VISSL's ViT parameter names -> those of the engine's (timm's) ViT
+VISSL_VIT_NAMES = {"class_token": "cls_token", "pos_embedding": "pos_embed"}
+
+
+def resolve_name_parts(model: nn.Module, parts: Sequence[str]) -> List[str]:
+    """OPTIMIZER.non_regularized_parameters as name parts of ``model``: each must be part of
+    some parameter's name; VISSL's ViT names (class_token, pos_embedding) read as the ViT's
+    own (cls_token, pos_embed). ValueError for a part that names nothing."""
+    names = [name for name, _ in model.named_parameters()]
+    resolved = []
+    for part in (str(p) for p in parts):
+        if not any(part in name for name in names):
+            alias = VISSL_VIT_NAMES.get(part)
+            if alias is None or not any(alias in name for name in names):
+                raise ValueError(f"config.OPTIMIZER.non_regularized_parameters: '{part}' is part "
+                                 f"of no parameter name of the model (e.g. {names[:3]})")
+            part = alias
+        resolved.append(part)
+    return resolved
+
+
 def lr_multiplier_of(name: str, lr_multipliers: Sequence[Sequence]) -> float:
     """The multiplier of the first ``[prefix, multiplier]`` pair whose prefix starts the
     parameter's name (whole dotted components: ``heads.1`` matches ``heads.1.clf.0.weight``,
@@ -28,7 +49,7 @@ def get_optimizer_param_groups(
     model: nn.Module, weight_decay: Union[float, Callable[[float], float]],
     regularize_bn: bool, regularize_bias: bool, lr_multipliers: Sequence[Sequence] = (),
     single_group: bool = False, constructor: str = "default",
-    linear_eval_heads: Sequence[Dict] = (),
+    linear_eval_heads: Sequence[Dict] = (), non_regularized: Sequence[str] = (),
 ) -> List[Dict]:
     """``[{"params", "weight_decay", "lr_multiplier"}, ...]`` for the parameters that require
     gradients.
@@ -48,6 +69,10 @@ def get_optimizer_param_groups(
     rule, VISSL's name) exempts every parameter whose name ends with ``.bias`` or contains
     ``norm``, whatever ``regularize_bn`` and ``regularize_bias`` say; ``linear_eval_heads``:
     see ``linear_eval_head_groups``.
+
+    ``non_regularized`` (OPTIMIZER.non_regularized_parameters, e.g. ``[pos_embedding,
+    class_token]``): a parameter whose name contains one of these strings gets no weight
+    decay either (default and dino groups).
     """
     if constructor not in PARAM_GROUP_CONSTRUCTORS:
         raise ValueError(f"config.OPTIMIZER.param_group_constructor={constructor!r} is not one "
@@ -70,6 +95,7 @@ def get_optimizer_param_groups(
                              "optimize")
         return [{"params": params, "lr_multiplier": 1.0, "weight_decay":
                  weight_decay if callable(weight_decay) else float(weight_decay)}]
+    non_regularized = resolve_name_parts(model, non_regularized)
     groups: Dict[tuple, List] = {}
     seen = set()
     for prefix, module in model.named_modules():
@@ -83,6 +109,7 @@ def get_optimizer_param_groups(
                 exempt = full_name.endswith(".bias") or "norm" in full_name
             else:
                 exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
+            exempt = exempt or any(str(part) in full_name for part in non_regularized)
             multiplier = lr_multiplier_of(full_name, lr_multipliers)
             groups.setdefault((multiplier != 1.0, multiplier, exempt), []).append(param)
     if not groups:
