@@ -53,6 +53,7 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.transformer_parts import Mlp
 
 CONFIG = "config.MODEL.TRUNK.BEIT"
 NORM_EPS = 1e-6
@@ -163,18 +164,6 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
 
 
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, drop: float):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.act(self.fc1(x))))
-
-
 class Block(nn.Module):
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, qkv_bias: bool, scale: float,
                  drop: float, attn_drop: float, drop_path: float, init_values: float,
@@ -184,7 +173,7 @@ class Block(nn.Module):
         self.attn = Attention(dim, num_heads, qkv_bias, scale, attn_drop, drop, grid)
         self.drop_path = StochasticDepth(drop_path, "row") if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=NORM_EPS)
-        self.mlp = Mlp(dim, mlp_hidden, drop)
+        self.mlp = Mlp(dim, mlp_hidden, drop, drop_hidden=False)
         if init_values > 0:
             self.gamma_1 = nn.Parameter(torch.full((dim,), float(init_values)))
             self.gamma_2 = nn.Parameter(torch.full((dim,), float(init_values)))

@@ -49,6 +49,7 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointed_segments, checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.transformer_parts import Mlp, config_number
 
 CONFIG = "config.MODEL.TRUNK.SWIN_TRANSFORMER"
 INIT_STD = 0.02
@@ -132,18 +133,6 @@ class WindowAttention(nn.Module):
             scores = scores.reshape(-1, self.num_heads, tokens, tokens)
         out = self.attn_drop(scores.softmax(dim=-1)) @ v
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, drop: float):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
 class SwinBlock(nn.Module):
@@ -237,16 +226,7 @@ class PatchEmbed(nn.Module):
 
 # ------------------------------------------------------------------ configuration
 def _number(cfg, key: str, allow_false: bool = False) -> float:
-    value = cfg.get(key)
-    if allow_false and (value is None or value is False):
-        return 0.0
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{CONFIG}.{key}={value!r} must be a number"
-                         + (" or false" if allow_false else "")) from None
+    return config_number(CONFIG, cfg, key, allow_false)
 
 
 def _int_list(cfg, key: str) -> List[int]:

@@ -57,6 +57,7 @@ from ssl_engine.models.activation_checkpointing import (checkpointed_segments,
                                                         checkpointing_splits)
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.transformer_parts import Mlp, config_number
 
 logger = logging.getLogger(__name__)
 
@@ -122,18 +123,6 @@ class FourierPositionEncoding(nn.Module):
         grid = torch.cat([y, x], dim=-1).permute(2, 0, 1).unsqueeze(0)  # [1, 64, h, w]
         encoding = self.token_projection(grid.to(weight.dtype))
         return encoding.flatten(2).transpose(1, 2)
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, drop: float):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
 class XCA(nn.Module):
@@ -243,16 +232,7 @@ class ClassAttentionBlock(nn.Module):
 
 # ------------------------------------------------------------------ configuration
 def _number(cfg, key: str, allow_false: bool = False) -> float:
-    value = cfg.get(key)
-    if allow_false and (value is None or value is False):
-        return 0.0
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{CONFIG}.{key}={value!r} must be a number"
-                         + (" or false" if allow_false else "")) from None
+    return config_number(CONFIG, cfg, key, allow_false)
 
 
 def check_xcit_config(model_cfg) -> None:

@@ -1,0 +1,39 @@
+"""Pieces the transformer trunks share (BEiT, XCiT, Swin): the MLP of a block, under the
+parameter names VISSL's trunks give it, and the reading of number settings."""
+import torch
+from torch import nn
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU [-> dropout] -> fc2 -> dropout; ``drop_hidden`` puts the dropout after the
+    activation too (XCiT, Swin; BEiT has it only after fc2)."""
+
+    def __init__(self, dim: int, hidden: int, drop: float, drop_hidden: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+        self.drop_hidden = drop_hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.fc1(x))
+        if self.drop_hidden:
+            x = self.drop(x)
+        return self.drop(self.fc2(x))
+
+
+def config_number(section: str, cfg, key: str, allow_false: bool = False) -> float:
+    """``cfg[key]`` as a float (a number written as a string, e.g. YAML 1.1's "1e-5", too);
+    false or null read as 0 when ``allow_false``; anything else is refused naming
+    ``section.key``."""
+    value = cfg.get(key)
+    if allow_false and (value is None or value is False):
+        return 0.0
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{section}.{key}={value!r} must be a number"
+                         + (" or false" if allow_false else "")) from None
