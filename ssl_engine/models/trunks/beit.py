@@ -53,7 +53,7 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
-from ssl_engine.models.trunks.transformer_parts import Mlp
+from ssl_engine.models.trunks.transformer_parts import Mlp, init_linear_and_norms
 
 CONFIG = "config.MODEL.TRUNK.BEIT"
 NORM_EPS = 1e-6
@@ -288,14 +288,7 @@ class BEiTTrunk(StagedTrunk):
         for parameter in (self.pos_embed, self.cls_token):
             if parameter is not None:
                 nn.init.trunc_normal_(parameter, std=INIT_STD)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=INIT_STD)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        init_linear_and_norms(self, INIT_STD)
         with torch.no_grad():
             for number, block in enumerate(self.blocks, start=1):
                 block.attn.proj.weight.div_(math.sqrt(2.0 * number))

@@ -59,6 +59,7 @@ from ssl_engine.models.activation_checkpointing import (checkpointed_segments,
                                                         checkpointing_splits)
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.transformer_parts import init_linear_and_norms
 
 VIT = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 CONVIT = "config.MODEL.TRUNK.CONVIT"
@@ -278,14 +279,7 @@ class ConViTTrunk(StagedTrunk):
     def _init_weights(self, locality_strength: Optional[float]) -> None:
         for parameter in (self.pos_embedding, self.class_token):
             nn.init.trunc_normal_(parameter, std=INIT_STD)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=INIT_STD)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        init_linear_and_norms(self, INIT_STD)
         if locality_strength is None:
             return
         for number, block in enumerate(self.blocks[:self.n_gpsa_layers], start=1):

@@ -49,7 +49,7 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointed_segments, checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
-from ssl_engine.models.trunks.transformer_parts import Mlp, config_number
+from ssl_engine.models.trunks.transformer_parts import Mlp, config_number, init_linear_and_norms
 
 CONFIG = "config.MODEL.TRUNK.SWIN_TRANSFORMER"
 INIT_STD = 0.02
@@ -315,14 +315,7 @@ class SwinTransformerTrunk(StagedTrunk):
         self.norm = nn.LayerNorm(out_dim)
         self.checkpoint_splits = checkpointing_splits(model_cfg)
         self.stage_dims = {"lastCLS": out_dim}
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=INIT_STD)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        init_linear_and_norms(self, INIT_STD)
 
     def fsdp_units(self) -> List[nn.Module]:
         """The modules FSDP shards one by one (self_supervision_fsdp_task): the stages."""

@@ -1,5 +1,6 @@
-"""Pieces the transformer trunks share (BEiT, XCiT, Swin): the MLP of a block, under the
-parameter names VISSL's trunks give it, and the reading of number settings."""
+"""Pieces the transformer trunks share (BEiT, XCiT, Swin, ConViT): the MLP of a block, under
+the parameter names VISSL's trunks give it, the usual initialisation of linear and norm layers,
+and the reading of number settings."""
 import torch
 from torch import nn
 
@@ -37,3 +38,16 @@ def config_number(section: str, cfg, key: str, allow_false: bool = False) -> flo
     except (TypeError, ValueError):
         raise ValueError(f"{section}.{key}={value!r} must be a number"
                          + (" or false" if allow_false else "")) from None
+
+
+def init_linear_and_norms(module: nn.Module, std: float) -> None:
+    """Every Linear of ``module``: weights from a normal of ``std`` truncated at 2 std, zero
+    biases; every LayerNorm: unit weight, zero bias (in module order)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.trunc_normal_(layer.weight, std=std)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.LayerNorm):
+            nn.init.ones_(layer.weight)
+            nn.init.zeros_(layer.bias)

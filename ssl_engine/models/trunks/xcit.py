@@ -57,7 +57,7 @@ from ssl_engine.models.activation_checkpointing import (checkpointed_segments,
                                                         checkpointing_splits)
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
-from ssl_engine.models.trunks.transformer_parts import Mlp, config_number
+from ssl_engine.models.trunks.transformer_parts import Mlp, config_number, init_linear_and_norms
 
 logger = logging.getLogger(__name__)
 
@@ -311,14 +311,7 @@ class XCiTTrunk(StagedTrunk):
         """Truncated normal (std 0.02) class token and linear weights, zero linear biases, unit
         LayerNorms; convolutions keep torch's initialisation."""
         nn.init.trunc_normal_(self.cls_token, std=INIT_STD)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=INIT_STD)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        init_linear_and_norms(self, INIT_STD)
 
     def fsdp_units(self) -> List[nn.Module]:
         """The modules FSDP shards one by one (self_supervision_fsdp_task): the blocks."""
