@@ -45,6 +45,22 @@ def lr_multiplier_of(name: str, lr_multipliers: Sequence[Sequence]) -> float:
     return 1.0
 
 
+def trainable_parameters(model: nn.Module) -> List[tuple]:
+    """``(full name, own name, parameter, in a norm layer)`` of every parameter that requires
+    gradients, each once (a parameter shared by several modules under its first name), in
+    module order; ValueError when there is none."""
+    found, seen = [], set()
+    for prefix, module in model.named_modules():
+        is_norm = isinstance(module, NORM_LAYER_TYPES)
+        for name, param in module.named_parameters(recurse=False):
+            if param.requires_grad and id(param) not in seen:
+                seen.add(id(param))
+                found.append((f"{prefix}.{name}" if prefix else name, name, param, is_norm))
+    if not found:
+        raise ValueError("the model has no parameter that requires gradients: nothing to optimize")
+    return found
+
+
 def get_optimizer_param_groups(
     model: nn.Module, weight_decay: Union[float, Callable[[float], float]],
     regularize_bn: bool, regularize_bias: bool, lr_multipliers: Sequence[Sequence] = (),
@@ -89,31 +105,19 @@ def get_optimizer_param_groups(
             raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
                              "parameter in one group: it cannot take "
                              f"config.OPTIMIZER.lr_multipliers={list(lr_multipliers)}")
-        params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
-        if not params:
-            raise ValueError("the model has no parameter that requires gradients: nothing to "
-                             "optimize")
+        params = [param for _, _, param, _ in trainable_parameters(model)]
         return [{"params": params, "lr_multiplier": 1.0, "weight_decay":
                  weight_decay if callable(weight_decay) else float(weight_decay)}]
     non_regularized = resolve_name_parts(model, non_regularized)
     groups: Dict[tuple, List] = {}
-    seen = set()
-    for prefix, module in model.named_modules():
-        is_norm = isinstance(module, NORM_LAYER_TYPES)
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad or id(param) in seen:
-                continue
-            seen.add(id(param))
-            full_name = f"{prefix}.{name}" if prefix else name
-            if constructor == "dino":
-                exempt = full_name.endswith(".bias") or "norm" in full_name
-            else:
-                exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
-            exempt = exempt or any(str(part) in full_name for part in non_regularized)
-            multiplier = lr_multiplier_of(full_name, lr_multipliers)
-            groups.setdefault((multiplier != 1.0, multiplier, exempt), []).append(param)
-    if not groups:
-        raise ValueError("the model has no parameter that requires gradients: nothing to optimize")
+    for full_name, name, param, is_norm in trainable_parameters(model):
+        if constructor == "dino":
+            exempt = full_name.endswith(".bias") or "norm" in full_name
+        else:
+            exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
+        exempt = exempt or any(str(part) in full_name for part in non_regularized)
+        multiplier = lr_multiplier_of(full_name, lr_multipliers)
+        groups.setdefault((multiplier != 1.0, multiplier, exempt), []).append(param)
     regularized = weight_decay if callable(weight_decay) else float(weight_decay)
     return [
         {"params": params, "weight_decay": 0.0 if exempt else regularized,
@@ -141,24 +145,15 @@ def linear_eval_head_groups(
                          "(MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY) or use the default "
                          "param_group_constructor")
     groups: Dict[tuple, List] = {}
-    seen = set()
-    for prefix, module in model.named_modules():
-        is_norm = isinstance(module, NORM_LAYER_TYPES)
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad or id(param) in seen:
-                continue
-            seen.add(id(param))
-            index = int(HEAD_INDEX.match(f"{prefix}.{name}").group(1))
-            if index >= len(settings) or not isinstance(settings[index], dict) \
-                    or "lr" not in settings[index]:
-                raise ValueError(f"{where} needs an entry {{lr: ..}} for head {index}; it has "
-                                 f"{len(settings)}: {list(settings)}")
-            head = settings[index]
-            bn = bool(head.get("regularize_bn", regularize_bn))
-            exempt = (is_norm and not bn) or (name == "bias" and not regularize_bias)
-            groups.setdefault((index, exempt), []).append(param)
-    if not groups:
-        raise ValueError("the model has no parameter that requires gradients: nothing to optimize")
+    for full_name, name, param, is_norm in trainable_parameters(model):
+        index = int(HEAD_INDEX.match(full_name).group(1))
+        if index >= len(settings) or not isinstance(settings[index], dict) \
+                or "lr" not in settings[index]:
+            raise ValueError(f"{where} needs an entry {{lr: ..}} for head {index}; it has "
+                             f"{len(settings)}: {list(settings)}")
+        bn = bool(settings[index].get("regularize_bn", regularize_bn))
+        exempt = (is_norm and not bn) or (name == "bias" and not regularize_bias)
+        groups.setdefault((index, exempt), []).append(param)
     out = []
     for (index, exempt), params in sorted(groups.items(), key=lambda item: item[0]):
         decay = settings[index].get("weight_decay", weight_decay)
