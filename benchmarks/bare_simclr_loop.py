@@ -1,10 +1,14 @@
 #!/usr/bin/env python
 """The plain-PyTorch reference of benchmarks/train_speed.py: SimCLR with torchvision's
 ResNet-50 (or -18) on the same synthetic images and augmentations as
-configs/config/benchmark/simclr_resnet50_synthetic.yaml, fp32 eager, nothing but torch,
-torchvision, numpy and PIL imported.  Prints one line per iteration: ``iter <i> <ms>``.
+configs/config/benchmark/simclr_resnet50_synthetic.yaml, eager, nothing but torch,
+torchvision, numpy and PIL imported.  float32 by default; ``--bf16 --channels-last`` is the
+reference of the engine's fast settings: the model's forward pass under bfloat16 autocast (the
+loss in float32) and the weights and images in the channels_last memory format.  Prints one
+line per iteration: ``iter <i> <ms>``.
 
     python benchmarks/bare_simclr_loop.py [--iters 25] [--batch 8] [--workers 0] [--depth 50|18]
+        [--bf16] [--channels-last]
 """
 import argparse
 import time
@@ -55,11 +59,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--depth", type=int, choices=[18, 50], default=50)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast of the forward")
+    parser.add_argument("--channels-last", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = getattr(torchvision.models, f"resnet{args.depth}")()
     width = model.fc.in_features
     model.fc = nn.Sequential(nn.Linear(width, 2048), nn.ReLU(inplace=True), nn.Linear(2048, 128))
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9, weight_decay=1e-6)
     loader = torch.utils.data.DataLoader(
         SyntheticPairs(args.batch * args.iters, 256), batch_size=args.batch, shuffle=True,
@@ -67,7 +75,10 @@ def main() -> None:
     model.train()
     start = time.perf_counter()
     for iteration, (first, second) in enumerate(loader, 1):
-        loss = info_nce(model(torch.cat([first, second])))
+        images = torch.cat([first, second]).contiguous(memory_format=layout)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            embeddings = model(images)
+        loss = info_nce(embeddings.float())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

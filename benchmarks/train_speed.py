@@ -8,20 +8,26 @@ once per round), so that a change of machine load hits all of them alike.
 Workloads:
 - ``resnet50``: SimCLR, ResNet-50, 2 views of 224x224 of synthetic images, batch 8
   (configs/config/benchmark/simclr_resnet50_synthetic.yaml), against
-  benchmarks/bare_simclr_loop.py (torchvision's ResNet-50, fp32 eager, same images and
-  augmentations).
+  benchmarks/bare_simclr_loop.py (torchvision's ResNet-50, eager, same images and
+  augmentations) in float32 ("bare fp32") and in bfloat16 autocast with channels_last ("bare
+  bf16 + channels_last", the reference of the engine's variants that use bfloat16).
 - ``resnet18``: the same with a ResNet-18 trunk (a shorter step, so start-up differences
   stand out).
 - ``quickstart``: the SimCLR quickstart (half-width ResNet-18 on 16x16 digits, batch 128),
   its speed settings switched off for the fp32 variant; no bare loop builds that model, so its
   ratios are to the engine in fp32 eager.
 
+The bare loops and the engine load data with the same number of worker processes: the
+engine's own choice (``NUM_DATALOADER_WORKERS=auto``) unless ``--workers`` sets both.
+
 Per variant: the median time per iteration after the first ``--warmup`` iterations (data
-loading included) over every round, its ratio to the reference, and the start-up time (launch
-to the first iteration's log line; the first iteration included).
+loading included) over every round, its ratio to the bare loop of the same precision and to
+bare fp32, and the start-up time (launch to the first iteration's log line; the first
+iteration included); then, per engine variant, the step's parts from HOOKS.PERF_STATS (the
+last round's metrics.json).
 
     python benchmarks/train_speed.py [--workload resnet50|resnet18|quickstart] [--rounds 2] [--iters 20]
-        [--variants ...] [config.A.B=v ...]
+        [--workers N] [--variants ...] [config.A.B=v ...]
 """
 import argparse
 import json
@@ -37,6 +43,7 @@ AMP = "config.MODEL.AMP_PARAMS.USE_AMP=true"
 CL = "config.MODEL.CHANNELS_LAST=true"
 COMPILE = "config.MODEL.COMPILE.USE_COMPILE=true"
 DEPTHS = {"resnet50": 50, "resnet18": 18}  # the workloads with a bare loop
+BARE = {"bare fp32": [], "bare bf16 + channels_last": ["--bf16", "--channels-last"]}
 VARIANTS = {
     "engine fp32": [],
     "channels_last": [CL],
@@ -63,10 +70,17 @@ def timed_process(command, first_line: str):
     return startup, lines
 
 
-def run_bare(args):
+def reference_of(name: str) -> str:
+    """The bare loop a variant is compared with: the one of its precision."""
+    if name.startswith("bare"):
+        return name
+    return "bare bf16 + channels_last" if AMP in VARIANTS[name] else "bare fp32"
+
+
+def run_bare(args, name: str):
     command = [sys.executable, "benchmarks/bare_simclr_loop.py", f"--iters={args.iters}",
                f"--batch={args.batch}", f"--workers={args.bare_workers}",
-               f"--depth={DEPTHS[args.workload]}"]
+               f"--depth={DEPTHS[args.workload]}", *BARE[name]]
     startup, lines = timed_process(command, "iter 1 ")
     times = [float(line.split()[2]) for line in lines if line.startswith("iter ")]
     return startup, times
@@ -95,6 +109,8 @@ def engine_command(args, overrides, folder: Path):
         base = ["config=quickstart/simclr_digits", "config.HOOKS.FEATURE_REPORT.ENABLED=false",
                 "config.MODEL.AMP_PARAMS.USE_AMP=false", "config.MODEL.CHANNELS_LAST=false",
                 f"config.OPTIMIZER.num_epochs={-(-args.iters // args.steps_per_epoch)}"]
+    if args.workers is not None:
+        base.append(f"config.DATA.NUM_DATALOADER_WORKERS={args.workers}")
     return [sys.executable, "tools/run_distributed_engines.py", *base,
             f"config.CHECKPOINT.DIR={folder}", "config.CHECKPOINT.AUTO_RESUME=false",
             "config.CHECKPOINT.CHECKPOINT_FREQUENCY=1000", "config.LOG_FREQUENCY=1", *overrides]
@@ -103,10 +119,11 @@ def engine_command(args, overrides, folder: Path):
 def run_engine(args, overrides, folder: Path):
     startup, _ = timed_process(engine_command(args, overrides, folder), "| iter 1 (")
     records = [json.loads(line) for line in (folder / "metrics.json").read_text().splitlines()]
-    steps = [r for r in records if r.get("phase") == "train"]
+    steps = [r for r in records if r.get("phase") == "train" and "images_per_sec" in r]
     # one record per iteration: images of the step / images per second of its window
     times = [1e3 * args.images_per_step / r["images_per_sec"] for r in steps][:args.iters]
-    return startup, times
+    parts = [r["step_time_ms"] for r in records if r.get("run")]
+    return startup, times, parts[-1] if parts else {}
 
 
 def main() -> int:
@@ -116,38 +133,68 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--bare-workers", type=int, default=0,
-                        help="data workers of the bare loop (the engine's auto choice on 2 cores)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data-loading workers of every variant (default: the engine's "
+                        "auto choice for this machine, given to the bare loops too)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("overrides", nargs="*", help="config.A.B=v for every engine variant")
     args = parser.parse_args()
+    args.bare_workers = args.workers if args.workers is not None else auto_workers()
     args.images_per_step, args.steps_per_epoch = (
         (args.batch, args.iters) if args.workload in DEPTHS else quickstart_steps())
-    names = (["bare fp32"] if args.workload in DEPTHS else []) + args.variants
+    bare = [name for name in BARE if args.workload in DEPTHS and
+            any(reference_of(variant) == name for variant in args.variants)]
+    names = bare + args.variants
     times = {name: [] for name in names}
     startups = {name: [] for name in names}
+    parts = {}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             for index, name in enumerate(names):
-                if name == "bare fp32":
-                    startup, per_iter = run_bare(args)
+                if name in BARE:
+                    startup, per_iter = run_bare(args, name)
                 else:
-                    startup, per_iter = run_engine(args, [*args.overrides, *VARIANTS[name]],
-                                                   Path(tmp) / f"run{round_index}_{index}")
+                    startup, per_iter, parts[name] = run_engine(
+                        args, [*args.overrides, *VARIANTS[name]],
+                        Path(tmp) / f"run{round_index}_{index}")
                 times[name] += per_iter[args.warmup:]
                 startups[name].append(startup)
                 print(f"round {round_index + 1}: {name}: median "
                       f"{statistics.median(per_iter[args.warmup:]):.0f} ms/iter, start-up "
                       f"{startup:.1f} s", flush=True)
-    reference = names[0]
-    ref_ms = statistics.median(times[reference])
+    workers = (f"{args.workers}" if args.workers is not None
+               else f"auto ({args.bare_workers} on this machine)")
     print(f"\n{args.workload}: median ms/iteration after {args.warmup} warm-up iterations, "
-          f"{args.rounds} rounds of {args.iters} iterations; ratio to {reference}")
-    print(f"{'variant':<32}{'ms/iter':>9}{'ratio':>8}{'start-up s':>12}")
-    for name in names:
-        ms = statistics.median(times[name])
-        print(f"{name:<32}{ms:>9.0f}{ms / ref_ms:>8.2f}{statistics.median(startups[name]):>12.1f}")
+          f"{args.rounds} round(s) of {args.iters} iterations; data-loading workers: {workers} "
+          "for every variant")
+    ms = {name: statistics.median(times[name]) for name in names}
+    if bare:
+        print(f"{'variant':<32}{'ms/iter':>9}{'ratio to bare':>15}{'to bare fp32':>14}"
+              f"{'start-up s':>12}")
+        for name in names:
+            reference = reference_of(name)
+            to_fp32 = f"{ms[name] / ms['bare fp32']:>14.2f}" if "bare fp32" in ms else f"{'-':>14}"
+            print(f"{name:<32}{ms[name]:>9.0f}{ms[name] / ms[reference]:>15.2f}{to_fp32}"
+                  f"{statistics.median(startups[name]):>12.1f}")
+    else:  # no bare loop builds the quickstart's model: ratios to the first engine variant
+        reference = names[0]
+        print(f"{'variant':<32}{'ms/iter':>9}{'ratio to ' + reference:>26}{'start-up s':>12}")
+        for name in names:
+            print(f"{name:<32}{ms[name]:>9.0f}{ms[name] / ms[reference]:>26.2f}"
+                  f"{statistics.median(startups[name]):>12.1f}")
+    if parts:
+        print("\nthe engine's step, mean ms per training iteration of the last round "
+              "(HOOKS.PERF_STATS; the first iterations included)")
+        for name, means in parts.items():
+            print(f"{name:<32}" + ", ".join(f"{part} {value:.0f}" for part, value in means.items()))
     return 0
+
+
+def auto_workers() -> int:
+    """The engine's NUM_DATALOADER_WORKERS=auto for one CPU process on this machine."""
+    from ssl_engine.utils.cpu_budget import auto_workers as workers_for, cores_per_process
+
+    return workers_for(cores_per_process(1), "cpu")
 
 
 if __name__ == "__main__":

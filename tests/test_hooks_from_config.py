@@ -45,10 +45,11 @@ def quick_cfg(*overrides):
 
 def test_switches_add_their_hooks_and_unknown_extra_hook_is_refused():
     plain = default_hook_generator(quick_cfg())
-    assert not any(isinstance(h, (PerfStatsHook, ModelComplexityHook, EventRecorder))
-                   for h in plain)
+    assert isinstance(plain[0], PerfStatsHook)  # on by default, first: it times the others
+    assert not any(isinstance(h, (ModelComplexityHook, EventRecorder)) for h in plain)
+    off = default_hook_generator(quick_cfg("config.HOOKS.PERF_STATS.MONITOR_PERF_STATS=false"))
+    assert not any(isinstance(h, PerfStatsHook) for h in off)
     hooks = default_hook_generator(quick_cfg(
-        "config.HOOKS.PERF_STATS.MONITOR_PERF_STATS=true",
         "config.HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY=true",
         "config.HOOKS.EXTRA_HOOKS=[test_event_recorder]"))
     kinds = [type(h) for h in hooks]
@@ -70,16 +71,30 @@ def test_model_complexity_counts_conv_and_linear_multiply_adds():
     assert model.training  # put back in the mode it was in
 
 
-def test_perf_stats_split_the_step_into_its_parts(monkeypatch):
-    clock = iter([0.0, 0.010, 0.013, 0.033, 0.034, 0.035] + [0.035 + 0.05 * i for i in range(1, 6)])
+def test_perf_stats_split_the_step_into_its_parts(monkeypatch, tmp_path):
+    # a step of 100 ms: 4 ms data wait, 10 ms forward, 3 ms loss, 20 ms backward, 1 ms
+    # update, 2 ms after it; the hooks took 60 ms: 50 in on_loss_and_meter, 10 in on_step
+    marks = {"on_forward": (0.014, 0.0), "on_loss_and_meter": (0.067, 0.050),
+             "on_backward": (0.087, 0.050), "on_update": (0.088, 0.050),
+             "on_step": (0.100, 0.060)}
+    clock = iter([0.0] + [at for at, _ in marks.values()])
     monkeypatch.setattr("ssl_engine.hooks.perf_hooks.time.perf_counter", lambda: next(clock))
-    hook, task = PerfStatsHook(), SimpleNamespace(train=True)
+    hook = PerfStatsHook(str(tmp_path))
+    task = SimpleNamespace(train=True, hook_seconds=0.0, data_time=0.004, phase_type="train",
+                           phase_idx=0)
     hook.on_phase_start(task)
-    for event in ("on_forward", "on_loss_and_meter", "on_backward", "on_update", "on_step"):
+    for event, (_, hook_seconds) in marks.items():
+        task.hook_seconds = hook_seconds
         getattr(hook, event)(task)
-    assert hook.mean_ms() == pytest.approx({"data_and_forward": 10.0, "loss_and_meters": 3.0,
-                                            "backward": 20.0, "update": 1.0, "step_end": 1.0})
-    assert list(hook.batch_times) == pytest.approx([0.035])
+    expected = {"data": 4.0, "forward": 10.0, "loss": 3.0, "backward": 20.0, "optimizer": 1.0,
+                "other": 2.0, "hooks": 60.0, "total": 100.0}
+    assert hook.mean_ms() == pytest.approx(expected)
+    assert list(hook.batch_times) == pytest.approx([0.100])
+    hook.on_phase_end(task)
+    hook.on_end(task)
+    records = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert [r.get("run", False) for r in records] == [False, True]
+    assert records[1]["step_time_ms"] == pytest.approx(expected) and records[1]["iterations"] == 1
 
 
 def test_check_nan_off_lets_a_nan_loss_through():
@@ -96,12 +111,17 @@ def test_a_run_calls_the_configured_hooks(tmp_path):
     run_engine(tmp_path, ["config.HOOKS.EXTRA_HOOKS=[test_event_recorder]",
                           "config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.DATA_LIMIT=16",
                           "config.HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY=true",
-                          "config.HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE=[3,16,16]",
-                          "config.HOOKS.PERF_STATS.MONITOR_PERF_STATS=true"])
+                          "config.HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE=[3,16,16]"])
     seen = EventRecorder.instances[-1].seen
     assert seen[0] == "on_start" and seen[-1] == "on_end" and "on_step" in seen
     records = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     complexity = [r for r in records if "model_complexity" in r]
     assert len(complexity) == 1 and complexity[0]["model_complexity"]["flops"] > 0
     assert complexity[0]["model_complexity"]["params"] > 0
-    assert "perf stats of the phase" in (tmp_path / "log.txt").read_text()
+    # the step's breakdown, on by default: the run's means in the log and metrics.json
+    (run,) = [r for r in records if r.get("run")]
+    parts = run["step_time_ms"]
+    assert {"data", "forward", "loss", "backward", "optimizer", "hooks"} <= set(parts)
+    assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
+    assert parts["backward"] > 0 and parts["forward"] > 0
+    assert "step time (mean of this run's" in (tmp_path / "log.txt").read_text()

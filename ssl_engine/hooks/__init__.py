@@ -23,14 +23,19 @@ __all__ = ["CheckpointHook", "CollapseMonitorHook", "EmaModelHook", "FeatureRepo
 
 
 def default_hook_generator(cfg) -> List[SSLHook]:
-    """The hooks every run gets: logging, checkpoints (when training), then TensorBoard, the
-    online k-NN evaluation, the final feature report, the collapse monitor (self-supervised
-    training) and temporarily frozen parameters when asked, the step timings
-    (HOOKS.PERF_STATS) and the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
+    """The hooks every run gets: the step timings (HOOKS.PERF_STATS, on by default), logging,
+    checkpoints (when training), then TensorBoard, the online k-NN evaluation, the final
+    feature report, the collapse monitor (self-supervised training) and temporarily frozen
+    parameters when asked, the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
     weights (HOOKS.EMA_MODEL), the memory summary (HOOKS.MEMORY_SUMMARY) and the GPU report
     (HOOKS.LOG_GPU_STATS), then the loss's own,
     then the registered hooks named in HOOKS.EXTRA_HOOKS."""
-    hooks: List[SSLHook] = [LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR)]
+    hooks: List[SSLHook] = []
+    perf = cfg.HOOKS.PERF_STATS
+    if perf.MONITOR_PERF_STATS or perf.ROLLING_BTIME_FREQ > 0:  # first: it times the others
+        hooks.append(PerfStatsHook(cfg.CHECKPOINT.DIR, perf.PERF_STAT_FREQUENCY,
+                                   perf.ROLLING_BTIME_FREQ))
+    hooks.append(LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR))
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
                                     cfg.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY))
@@ -47,9 +52,6 @@ def default_hook_generator(cfg) -> List[SSLHook]:
         hooks.append(CollapseMonitorHook(monitor.MIN_EMBEDDING_STD))
     if cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP and not cfg.TEST_ONLY:
         hooks.append(FrozenParamsHook(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP))
-    perf = cfg.HOOKS.PERF_STATS
-    if perf.MONITOR_PERF_STATS or perf.ROLLING_BTIME_FREQ > 0:
-        hooks.append(PerfStatsHook(perf.PERF_STAT_FREQUENCY, perf.ROLLING_BTIME_FREQ))
     if cfg.HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY:
         hooks.append(ModelComplexityHook(cfg.HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE,
                                          cfg.CHECKPOINT.DIR))

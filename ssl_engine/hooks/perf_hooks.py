@@ -54,68 +54,121 @@ class ModelComplexityHook(SSLHook):
                                              "input_shape": self.input_shape})
 
 
-# the events of a train step, in order, and the name of the part that ends at each
-STEP_PARTS = (("on_forward", "data_and_forward"), ("on_loss_and_meter", "loss_and_meters"),
-              ("on_backward", "backward"), ("on_update", "update"), ("on_step", "step_end"))
+# The parts of a step, in order. The step's events end them: data and forward at on_forward
+# (the data part is ``task.data_time``, the wait for the batch), loss (and meters) at
+# on_loss_and_meter, backward at on_backward, optimizer (gradient clipping, the update and its
+# schedules) at on_update, and other (what the step does after the update) at on_step.  The
+# time spent inside hooks (``task.hook_seconds``, counted by the task around every event) is
+# taken out of the part it fell in and shown as its own part, hooks.
+STEP_PARTS = ("data", "forward", "loss", "backward", "optimizer", "other", "hooks")
+EVENT_PARTS = {"on_loss_and_meter": "loss", "on_backward": "backward", "on_update": "optimizer",
+               "on_step": "other"}
+
+
+class StepTimes:
+    """Seconds per part of the step (STEP_PARTS), summed over ``steps`` steps."""
+
+    def __init__(self):
+        self.totals: Dict[str, float] = dict.fromkeys(STEP_PARTS, 0.0)
+        self.steps = 0
+
+    def add(self, part: str, seconds: float) -> None:
+        self.totals[part] += seconds
+
+    def mean_ms(self) -> Dict[str, float]:
+        """Milliseconds per step of each part that took any time, and their total."""
+        means = {part: 1000 * total / max(self.steps, 1)
+                 for part, total in self.totals.items() if total > 0}
+        means["total"] = sum(means.values())
+        return means
+
+
+def format_ms(means: Dict[str, float]) -> str:
+    return ", ".join(f"{part} {ms:.1f} ms" for part, ms in means.items())
 
 
 class PerfStatsHook(SSLHook):
-    """Milliseconds spent in each part of the train step (data and forward, loss and meters,
-    backward, update), averaged over the phase and logged at its end, and every
-    ``frequency`` iterations when > 0; with ``rolling_window`` > 0, also the mean batch time
-    of the last ``rolling_window`` iterations, every as many iterations."""
+    """Where the time of a step goes (STEP_PARTS), measured with two clock reads per event.
 
-    def __init__(self, frequency: int = -1, rolling_window: int = -1):
+    At the end of the run: one log line and one metrics.json record (``step_time_ms``) with
+    the mean milliseconds of each part over the run's training steps.  At each phase end the
+    phase's means go to metrics.json (and to the log at debug level); with ``frequency`` > 0
+    they are also logged every ``frequency`` iterations, and with ``rolling_window`` > 0 the
+    mean batch time of the last ``rolling_window`` iterations every as many iterations.
+
+    Put it first among the hooks, so that the other hooks of an event are counted as hooks
+    time of that event."""
+
+    def __init__(self, output_dir: str, frequency: int = -1, rolling_window: int = -1):
+        self.output_dir = output_dir
         self.frequency, self.rolling_window = int(frequency), int(rolling_window)
-        self.totals: Dict[str, float] = collections.defaultdict(float)
-        self.steps = 0
+        self.phase = StepTimes()
+        self.run = StepTimes()  # the training steps of the whole run
         self.batch_times = collections.deque(maxlen=max(self.rolling_window, 1))
-        self._last = None
+        self._last = self._step_start = 0.0
+        self._hook_seconds = 0.0
 
-    def _mark(self, part: str) -> None:
-        now = time.perf_counter()
-        if self._last is not None:
-            self.totals[part] += now - self._last
-        self._last = now
+    def _mark(self, task, part: str, data_seconds: float = 0.0) -> None:
+        """Ends ``part`` now: the time since the last mark, less the hooks' and the data's
+        time in it, which go to their own parts."""
+        now, hook_seconds = time.perf_counter(), task.hook_seconds
+        hooks = hook_seconds - self._hook_seconds
+        own = now - self._last - hooks - data_seconds
+        for times in (self.phase, self.run) if task.train else (self.phase,):
+            times.add(part, own)
+            times.add("hooks", hooks)
+            times.add("data", data_seconds)
+        self._last, self._hook_seconds = now, hook_seconds
 
     def on_phase_start(self, task) -> None:
-        self.totals.clear()
-        self.steps = 0
-        self._last = time.perf_counter()
-        self._step_start = self._last
+        self.phase = StepTimes()
+        self._last = self._step_start = time.perf_counter()
+        self._hook_seconds = task.hook_seconds
 
     def on_forward(self, task) -> None:
-        self._mark("data_and_forward")
+        self._mark(task, "forward", data_seconds=task.data_time)
 
     def on_loss_and_meter(self, task) -> None:
-        self._mark("loss_and_meters")
+        self._mark(task, "loss")
 
     def on_backward(self, task) -> None:
-        self._mark("backward")
+        self._mark(task, "backward")
 
     def on_update(self, task) -> None:
-        self._mark("update")
+        self._mark(task, "optimizer")
 
     def on_step(self, task) -> None:
-        self._mark("step_end")
-        self.steps += 1
+        self._mark(task, "other")
+        self.phase.steps += 1
+        if task.train:
+            self.run.steps += 1
         self.batch_times.append(self._last - self._step_start)
         self._step_start = self._last
-        if self.frequency > 0 and self.steps % self.frequency == 0:
-            self._log(task, "perf stats")
-        if self.rolling_window > 0 and self.steps % self.rolling_window == 0 and is_primary():
+        if self.frequency > 0 and self.phase.steps % self.frequency == 0 and is_primary():
+            logger.info("step time (%s, mean of the phase's %d iterations): %s",
+                        task.phase_type, self.phase.steps, format_ms(self.phase.mean_ms()))
+        if self.rolling_window > 0 and self.phase.steps % self.rolling_window == 0 and \
+                is_primary():
             logger.info("mean batch time of the last %d iterations: %.1f ms",
                         len(self.batch_times), 1000 * sum(self.batch_times) / len(self.batch_times))
 
     def mean_ms(self) -> Dict[str, float]:
-        return {part: 1000 * total / max(self.steps, 1) for part, total in self.totals.items()}
+        """The current phase's mean milliseconds per step, by part."""
+        return self.phase.mean_ms()
 
     def on_phase_end(self, task) -> None:
-        if self.steps:
-            self._log(task, "perf stats of the phase")
+        if self.phase.steps and is_primary():
+            means = self.phase.mean_ms()
+            logger.debug("step time of %s phase %d (%d iterations, mean per iteration): %s",
+                         task.phase_type, task.phase_idx, self.phase.steps, format_ms(means))
+            append_metrics(self.output_dir, {"step_time_ms": means, "phase": task.phase_type,
+                                             "phase_idx": task.phase_idx,
+                                             "iterations": self.phase.steps})
 
-    def _log(self, task, what: str) -> None:
-        if is_primary():
-            parts = ", ".join(f"{part} {ms:.1f} ms" for part, ms in self.mean_ms().items())
-            logger.info("%s (%s, %d iterations, mean per iteration): %s",
-                        what, "train" if task.train else "test", self.steps, parts)
+    def on_end(self, task) -> None:
+        if self.run.steps and is_primary():
+            means = self.run.mean_ms()
+            logger.info("step time (mean of this run's %d training iterations): %s",
+                        self.run.steps, format_ms(means))
+            append_metrics(self.output_dir, {"step_time_ms": means, "phase": "train",
+                                             "run": True, "iterations": self.run.steps})

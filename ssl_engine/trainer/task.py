@@ -1,5 +1,6 @@
 """SelfSupervisionTask: the classy_vision task holding everything a run trains and tests."""
 import logging
+import time
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -55,6 +56,7 @@ class SelfSupervisionTask(ClassyTask):
         self.monitor_stats: List[Dict[str, torch.Tensor]] = []  # collapse statistics per step
         self.last_batch = self.last_model_output = self.last_loss = None
         self.data_time = self.step_time = 0.0
+        self.hook_seconds = 0.0  # time spent in hooks so far (HOOKS.PERF_STATS's breakdown)
         self.checkpoint_folder = config.CHECKPOINT.DIR
         self._resume_start_iter = 0
         self._resume_rng_states = None
@@ -245,8 +247,10 @@ class SelfSupervisionTask(ClassyTask):
 
     # ------------------------------------------------------------------ steps
     def run_hook(self, event: SSLClassyHookFunctions) -> None:
+        start = time.perf_counter()
         for hook in self.hooks:
             getattr(hook, event.name)(self)
+        self.hook_seconds += time.perf_counter() - start
 
     def set_hooks(self, hooks) -> "SelfSupervisionTask":
         self.hooks = list(hooks)
