@@ -12,6 +12,7 @@ from PIL import Image
 from ssl_engine.config.errors import ConfigError
 from ssl_engine.data import build_dataloader, build_dataset, check_data_paths
 from ssl_engine.data.catalog import resolve_dataset_names
+from ssl_engine.data.loader import stop_workers
 from ssl_engine.data.datasources import ImageLoadError
 from ssl_engine.data.local_copy import copy_once, local_path
 from ssl_engine.engines.launcher import main
@@ -296,9 +297,55 @@ def test_unreadable_image_stops_at_the_first_by_default(tmp_path):
     cfg = folder_with_bad_files(tmp_path, bad={3})
     dataset = build_dataset(cfg, "TRAIN")
     bad = tmp_path / "c" / "3.png"
-    with pytest.raises(ImageLoadError, match=f"cannot read image {bad}: .*set config.DATA.TRAIN."
-                                             "ENABLE_QUEUE_DATASET=true"):
+    with pytest.raises(ImageLoadError) as failed:
         dataset[3]
+    assert str(failed.value) == (
+        f"cannot read image {bad}: not an image file Pillow can decode (cannot identify image "
+        "file) (index 3 of config.DATA.TRAIN); set config.DATA.TRAIN.ENABLE_QUEUE_DATASET=true "
+        "to skip unreadable images, each replaced by the next readable sample (up to "
+        "config.DATA.TRAIN.MAX_INVALID_IMAGES=100)")
+
+
+def loader_error(dataset, cfg, workers):
+    """The error iterating a loader of ``dataset`` over batches of 2 in order raises."""
+    cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA = 2
+    loader = build_dataloader(dataset, cfg.DATA.TRAIN, num_workers=workers, pin_memory=False,
+                              epoch=0, shuffle=False)
+    iterator = iter(loader)
+    try:
+        with pytest.raises(ImageLoadError) as failed:
+            list(iterator)
+    finally:
+        stop_workers(iterator)  # as the trainer does (else the collector stops them, slowly)
+    return failed.value
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_loader_workers_report_an_unreadable_image_as_without_workers(tmp_path, workers):
+    cfg = folder_with_bad_files(tmp_path, bad={5})
+    dataset = build_dataset(cfg, "TRAIN")
+    with pytest.raises(ImageLoadError) as in_this_process:
+        dataset[5]
+    assert str(loader_error(dataset, cfg, workers)) == str(in_this_process.value)
+    assert str(loader_error(dataset, cfg, 0)) == str(in_this_process.value)
+
+
+def test_one_message_error_survives_torchs_report_of_a_worker_exception():
+    from torch.utils.data._utils import ExceptionWrapper
+
+    message = "cannot read image /data/a b.png: no such file\nsecond line: of the message"
+    try:
+        try:
+            raise KeyError("the cause")
+        except KeyError as cause:
+            raise ImageLoadError(message) from cause
+    except ImageLoadError:
+        report = ExceptionWrapper(where="in DataLoader worker process 3")
+    with pytest.raises(ImageLoadError) as reraised:
+        report.reraise()  # what torch does in the main process
+    assert str(reraised.value) == message and reraised.value.args == (message,)
+    assert str(ImageLoadError("Caught nothing: an ordinary message")) == \
+        "Caught nothing: an ordinary message"
 
 
 def test_queue_dataset_substitutes_counts_logs_and_stops_beyond_the_limit(tmp_path, caplog):
@@ -324,10 +371,45 @@ def test_loader_workers_count_unreadable_images_together(tmp_path):
     cfg = folder_with_bad_files(tmp_path, bad={0, 2, 4})
     cfg.DATA.TRAIN.ENABLE_QUEUE_DATASET = True
     cfg.DATA.TRAIN.MAX_INVALID_IMAGES = 2
-    cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA = 2
     dataset = build_dataset(cfg, "TRAIN")
     # batches [0, 1] [4, 5] go to worker 0 and [2, 3] to worker 1: 2 + 1 files, 3 in all
+    message = str(loader_error(dataset, cfg, workers=2))
+    assert message.startswith("3 unreadable images in config.DATA.TRAIN, more than "
+                              "config.DATA.TRAIN.MAX_INVALID_IMAGES=2 (-1: no limit); the last: "
+                              f"cannot read image {tmp_path / 'c'}")
+    assert "\n" not in message
+
+
+def filelist_with_a_missing_image(root, **split_overrides):
+    """A .npy listing 6 images, the one at index 2 missing."""
+    paths = [str(root / f"{i}.png") for i in range(6)]
+    for i, path in enumerate(paths):
+        if i != 2:
+            write_png(path, noise(i))
+    np.save(root / "files.npy", np.array(paths))
+    return make_cfg(DATA_SOURCES=["disk_filelist"], DATA_PATHS=[str(root / "files.npy")],
+                    LABEL_TYPE="sample_index", **split_overrides), paths[2]
+
+
+def test_a_missing_image_of_a_file_list_is_named_in_one_line(tmp_path):
+    cfg, missing = filelist_with_a_missing_image(tmp_path)
+    message = str(loader_error(build_dataset(cfg, "TRAIN"), cfg, workers=2))
+    assert message == (
+        f"cannot read image {missing}: no such file (index 2 of config.DATA.TRAIN); set "
+        "config.DATA.TRAIN.ENABLE_QUEUE_DATASET=true to skip unreadable images, each replaced "
+        "by the next readable sample (up to config.DATA.TRAIN.MAX_INVALID_IMAGES=100)")
+
+
+def test_a_missing_image_of_a_file_list_is_skipped_and_counted(tmp_path):
+    cfg, missing = filelist_with_a_missing_image(tmp_path, ENABLE_QUEUE_DATASET=True,
+                                                 MAX_INVALID_IMAGES=1, BATCHSIZE_PER_REPLICA=2)
+    dataset = build_dataset(cfg, "TRAIN")
     loader = build_dataloader(dataset, cfg.DATA.TRAIN, num_workers=2, pin_memory=False, epoch=0,
                               shuffle=False)
-    with pytest.raises(ImageLoadError, match="3 unreadable images"):
-        list(loader)
+    iterator = iter(loader)
+    batches = list(iterator)
+    stop_workers(iterator)
+    assert [int(i) for batch in batches for i in batch["data_idx"]] == [0, 1, 3, 3, 4, 5]
+    assert [bool(v) for batch in batches for v in batch["data_valid"]] == \
+        [True, True, False, True, True, True]
+    assert dataset.invalid_count() == 1

@@ -1,6 +1,7 @@
 """Data sources, path checks, label types and limits of ssl_engine.data."""
 import collections
 import os
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from PIL import Image
 
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.data import DATASOURCE_REGISTRY, build_dataset, check_data_paths
-from ssl_engine.data.datasources import ImageLoadError
+from ssl_engine.data.datasources import ImageLoadError, load_rgb_image
 
 DEFAULTS = os.path.join(os.path.dirname(__file__), "..", "configs", "config", "defaults.yaml")
 
@@ -100,10 +101,77 @@ def test_disk_folder_corrupt_image_error_names_the_file(tmp_path, corruption):
         dataset[3]
 
 
-def test_disk_folder_without_images_is_refused(tmp_path):
+EXTENSIONS = ".jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp (in any case)"
+
+
+def _class_folders_with_notes(root):
+    for name in ("cat", "dog"):
+        os.makedirs(root / name)
+    (root / "dog" / "notes.txt").write_text("not an image")
+
+
+@pytest.mark.parametrize("layout, problem", [
+    (lambda root: None, "it is empty"),
+    (lambda root: os.makedirs(root / "cat"), "its 1 class folder(s) hold no image files"),
+    (_class_folders_with_notes,
+     "its 2 class folder(s) hold no image files (found other files, e.g. {root}/dog/notes.txt)"),
+    (lambda root: write_png(str(root / "a.png"), noise(0)),
+     "the images must be in sub-folders, one per class, and it has none (found {root}/a.png)"),
+])
+def test_disk_folder_without_images_is_refused_before_launch(tmp_path, layout, problem):
+    root = tmp_path / "data"
+    root.mkdir()
+    layout(root)
+    cfg = make_cfg(DATA_SOURCES=["disk_folder"], DATA_PATHS=[str(root)])
+    expected = (f"config.DATA.TRAIN.DATA_PATHS[0]={root} has no images disk_folder can read: "
+                f"{problem.format(root=root)}. disk_folder reads <folder>/<class>/**/<image>, "
+                f"the images being files ending in {EXTENSIONS}")
+    with pytest.raises(ValueError) as refused:  # what the launcher checks before launch
+        check_data_paths(cfg, "TRAIN")
+    assert str(refused.value) == expected
+
+
+def test_disk_folder_with_one_image_in_one_class_is_accepted(tmp_path):
     os.makedirs(tmp_path / "cat")
-    with pytest.raises(ValueError, match=r"DATA_PATHS\[0\]: no images in"):
-        build_dataset(make_cfg(DATA_SOURCES=["disk_folder"], DATA_PATHS=[str(tmp_path)]), "TRAIN")
+    write_png(str(tmp_path / "dog" / "deep" / "x.PNG"), noise(1))  # any case, any depth
+    cfg = make_cfg(DATA_SOURCES=["disk_folder"], DATA_PATHS=[str(tmp_path)])
+    check_data_paths(cfg, "TRAIN")
+    assert source_of(cfg).classes == ["cat", "dog"] and len(source_of(cfg)) == 1
+
+
+# ---- reading one image -----------------------------------------------------------------------
+
+
+def _truncated_jpeg(path):
+    Image.fromarray(noise(3, size=32)).save(path, format="JPEG")
+    content = path.read_bytes()
+    path.write_bytes(content[:len(content) // 2])
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda path: path.write_bytes(b""), re.escape("the file is empty (0 bytes)")),
+    (lambda path: path.write_text("a text file"),
+     re.escape("not an image file Pillow can decode (cannot identify image file)")),
+    (_truncated_jpeg, "(?i:.*truncated)"),  # Pillow's words, which depend on where it stops
+    (lambda path: None, "no such file"),
+    (lambda path: path.mkdir(), "it is a folder, not an image file"),
+])
+def test_an_unreadable_image_file_is_named_with_what_is_wrong(tmp_path, make, what):
+    path = tmp_path / "photo.jpg"
+    make(path)
+    with pytest.raises(ImageLoadError) as failed:
+        load_rgb_image(str(path))
+    assert re.match(re.escape(f"cannot read image {path}: ") + what, str(failed.value))
+
+
+def test_16_bit_grey_png_is_scaled_to_8_bits(tmp_path):
+    values = np.array([[0, 255, 256, 32768], [40000, 65280, 65535, 1000]], dtype=np.uint16)
+    Image.fromarray(values).save(tmp_path / "grey16.png")
+    assert Image.open(tmp_path / "grey16.png").mode == "I;16"
+    image = load_rgb_image(str(tmp_path / "grey16.png"))
+    assert image.mode == "RGB"
+    expected = np.array([[0, 0, 1, 128], [156, 255, 255, 3]], dtype=np.uint8)  # the high byte
+    assert np.array_equal(np.asarray(image), np.repeat(expected[..., None], 3, axis=2))
 
 
 # ---- disk_filelist ---------------------------------------------------------------------------

@@ -354,21 +354,82 @@ def test_diverging_run_stops_with_one_message(tmp_path):
     assert "Traceback" not in proc.stdout
 
 
-def test_corrupt_image_stops_training_naming_the_file(tmp_path):
+def image_classes(root, bad=()):
+    """root/a/0..3.png and root/b/0..3.png (index 4 * class + i); the names in ``bad`` hold
+    text instead of an image."""
     from PIL import Image
 
     for cls in ("a", "b"):
         for i in range(4):
-            path = tmp_path / "images" / cls / f"{i}.png"
+            path = root / cls / f"{i}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.new("RGB", (24, 24), color=(40 * i, 80, 120)).save(path)
-    broken = tmp_path / "images" / "b" / "2.png"
-    broken.write_bytes(b"not a png")
+    for name in bad:
+        (root / name).write_bytes(b"not a png")
+    return ["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", f"config.DATA.TRAIN.DATA_PATHS=[{root}]"]
+
+
+@pytest.mark.parametrize("workers, nproc", [(0, 1), ("auto", 1), (1, 2)])  # auto: 2 here
+def test_corrupt_image_stops_training_with_one_line_whatever_the_workers(tmp_path, workers, nproc):
+    data = image_classes(tmp_path / "images", bad=["b/2.png"])
+    proc = _cli(data + [f"config.DATA.NUM_DATALOADER_WORKERS={workers}",
+                        f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc}",
+                        f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={8 // nproc}"], tmp_path / "out")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"error: cannot read image {tmp_path / 'images/b/2.png'}: not an image file Pillow can "
+        "decode (cannot identify image file) (index 6 of config.DATA.TRAIN); set "
+        "config.DATA.TRAIN.ENABLE_QUEUE_DATASET=true to skip unreadable images, each replaced by "
+        "the next readable sample (up to config.DATA.TRAIN.MAX_INVALID_IMAGES=100)"]
+
+
+def test_too_many_unreadable_images_with_workers_stop_with_one_line(tmp_path):
+    data = image_classes(tmp_path / "images", bad=["a/1.png", "b/2.png"])
+    proc = _cli(data + ["config.DATA.NUM_DATALOADER_WORKERS=auto",
+                        "config.DATA.TRAIN.ENABLE_QUEUE_DATASET=true",
+                        "config.DATA.TRAIN.MAX_INVALID_IMAGES=1"], tmp_path / "out")
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        "error: 2 unreadable images in config.DATA.TRAIN, more than "
+        "config.DATA.TRAIN.MAX_INVALID_IMAGES=1 (-1: no limit); the last: cannot read image "
+        f"{tmp_path / 'images'}/")
+
+
+def test_missing_images_of_a_file_list_are_skipped_in_a_two_process_run(tmp_path):
+    import numpy as np
+
+    image_classes(tmp_path / "images")
+    files = [str(tmp_path / "images" / cls / f"{i}.png") for cls in "ab" for i in range(4)]
+    files[5] = str(tmp_path / "images" / "gone.png")
+    np.save(tmp_path / "files.npy", np.array(files))
+    proc = _cli(["config.DATA.TRAIN.DATA_SOURCES=[disk_filelist]",
+                 f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path / 'files.npy'}]",
+                 "config.DATA.NUM_DATALOADER_WORKERS=1", "config.OPTIMIZER.num_epochs=1",
+                 "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+                 "config.DATA.TRAIN.ENABLE_QUEUE_DATASET=true"], tmp_path / "out")
+    # the warning of the worker (started by spawn in a spawned process) is logged like the
+    # process's own, not printed bare on stderr
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert (f"replaced by another sample: cannot read image {files[5]}: no such file (index 5 of "
+            "config.DATA.TRAIN)") in proc.stdout
+    assert (tmp_path / "out" / "model_final_checkpoint_phase0.torch").exists()
+
+
+def test_data_folder_without_images_is_refused_before_launch(tmp_path):
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    (tmp_path / "images" / "b").mkdir()
     proc = _cli(["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
                  f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path / 'images'}]"], tmp_path / "out")
-    assert proc.returncode == 1
-    assert f"cannot read image {broken}" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"error: config.DATA.TRAIN.DATA_PATHS[0]={tmp_path / 'images'} has no images disk_folder "
+        "can read: its 2 class folder(s) hold no image files. disk_folder reads "
+        "<folder>/<class>/**/<image>, the images being files ending in .jpg, .jpeg, .png, .ppm, "
+        ".bmp, .pgm, .tif, .tiff, .webp (in any case)"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_corrupt_latest_checkpoint_refused_then_previous_resumes(tmp_path):

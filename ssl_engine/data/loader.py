@@ -1,5 +1,7 @@
 """The data loader of one phase: sampler position, collator and worker settings; the error
 that replaces torch's when a loader worker process dies."""
+import logging
+import os
 import re
 import signal
 import sys
@@ -14,6 +16,7 @@ from torch.utils.data import DataLoader
 from ssl_engine.data.collators import build_collator
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.sampler import StatefulDistributedSampler
+from ssl_engine.utils.logger import setup_logging
 
 
 def build_dataloader(
@@ -61,8 +64,17 @@ def build_dataloader(
             list(split_cfg.get("LABEL_PATHS", None) or [])),
         drop_last=split_cfg.DROP_LAST,
         persistent_workers=persistent,
+        worker_init_fn=worker_logging,
         generator=torch.Generator().manual_seed(seed + epoch),
     )
+
+
+def worker_logging(worker_id: int) -> None:
+    """Give a loader worker the logging of its rank when it inherited none (a worker started
+    by spawn, as in the processes the launcher spawns): its warnings, e.g. of a skipped
+    unreadable image, go where the rank's go, not bare to stderr."""
+    if not logging.getLogger().handlers:
+        setup_logging(None, int(os.environ.get("RANK", 0)))
 
 
 class LabelNamingCollator:

@@ -68,8 +68,9 @@ def check_split_settings(cfg, split: str) -> None:
 
 
 def check_data_paths(cfg, split: str) -> None:
-    """Refuse unknown source names, mismatched list lengths, missing files and impossible
-    settings of ``split``."""
+    """Refuse unknown source names, mismatched list lengths, missing files, paths a source
+    refuses (its ``check_path``, e.g. a folder without images) and impossible settings of
+    ``split``."""
     classes = source_classes(cfg, split)
     check_split_settings(cfg, split)
     label_sources = list(cfg.DATA[split].LABEL_SOURCES)
@@ -85,6 +86,9 @@ def check_data_paths(cfg, split: str) -> None:
             _require_exists(path, f"config.DATA.{split}.DATA_PATHS[{index}]")
         if cfg.DATA[split].DATA_SOURCES[index] == "torchvision_dataset":
             dataset_name(cfg, split, index)
+        check_path = getattr(cls, "check_path", None)  # a source's own refusals of its path
+        if check_path is not None:
+            check_path(cfg, split, path, index)
         labels = label_path(cfg, split, index)
         if labels:
             _require_exists(labels, f"config.DATA.{split}.LABEL_PATHS[{index}]")

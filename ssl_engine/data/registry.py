@@ -7,7 +7,11 @@ COLLATOR_REGISTRY = Registry("collator")
 
 
 def register_datasource(name: str):
-    """Class decorator: ``cls(cfg, split, path, source_index)`` becomes the source ``name``."""
+    """Class decorator: ``cls(cfg, split, path, source_index)`` becomes the source ``name``.
+
+    The class says whether it reads a path (``needs_path``) and may refuse one before launch
+    with a static ``check_path(cfg, split, path, source_index)`` that raises ValueError
+    (disk_folder refuses a folder without images)."""
     return DATASOURCE_REGISTRY.register(name)
 
 

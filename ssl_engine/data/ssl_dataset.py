@@ -35,8 +35,9 @@ class GenericSSLDataset(Dataset):
     still PIL images after the transforms are converted with ``to_tensor`` (floats in [0, 1]).
 
     With DATA_LIMIT, position i reads source sample ``subset[i]`` (see ssl_engine.data.subset).
-    An image that cannot be read raises ImageLoadError, unless ENABLE_QUEUE_DATASET is set: then
-    the next readable sample (i+1, i+2, ...) is returned in its place with "data_valid": False,
+    An image that cannot be read (missing, empty, corrupt) raises ImageLoadError naming the file,
+    its index and the key that skips such files, unless ENABLE_QUEUE_DATASET is set: then the
+    next readable sample (i+1, i+2, ...) is returned in its place with "data_valid": False,
     until more than MAX_INVALID_IMAGES distinct files of this split have failed in this process
     (its loader workers count together).
     """
@@ -89,20 +90,22 @@ class GenericSSLDataset(Dataset):
     def _on_unreadable(self, position: int, err: ImageLoadError) -> None:
         """Count and log the failure; raise unless a substitute may be used."""
         key = f"config.DATA.{self.split}"
-        if not self.substitute:
-            logger.error("unreadable image in %s: %s", key, err)
-            raise ImageLoadError(
-                f"{err} (set {key}.ENABLE_QUEUE_DATASET=true to replace up to "
-                f"{key}.MAX_INVALID_IMAGES unreadable images by other samples)") from err
         source_index = position if self.subset is None else int(self.subset[position])
+        where = f"{err} (index {source_index} of {key})"
+        if not self.substitute:
+            raise ImageLoadError(
+                f"{where}; set {key}.ENABLE_QUEUE_DATASET=true to skip unreadable images, each "
+                f"replaced by the next readable sample (up to {key}.MAX_INVALID_IMAGES="
+                f"{self.max_invalid})") from err
         self.invalid[source_index] = 1
         count = self.invalid_count()
         if 0 <= self.max_invalid < count:
             raise ImageLoadError(
                 f"{count} unreadable images in {key}, more than {key}.MAX_INVALID_IMAGES="
-                f"{self.max_invalid} (pid {os.getpid()}); the last: {err}") from err
+                f"{self.max_invalid} (-1: no limit); the last: {where}") from err
         logger.warning("unreadable image %d (at most %s) in %s, replaced by another sample: %s",
-                       count, self.max_invalid if self.max_invalid >= 0 else "unlimited", key, err)
+                       count, self.max_invalid if self.max_invalid >= 0 else "unlimited", key,
+                       where)
 
     def __getitem__(self, key) -> Dict[str, Any]:
         """``key``: an index (augmented for the epoch of ``set_epoch``), or ``(epoch, index)``

@@ -232,9 +232,13 @@ class SelfSupervisionTask(ClassyTask):
         self.model.train(self.train)
 
     def release_loaders(self) -> None:
-        """Stop the workers of the persistent loaders (at the end of the run)."""
+        """Stop the workers of the current data iterator and of the persistent loaders (at the
+        end of the run, also of a failed one: workers left to the garbage collector take
+        seconds to stop)."""
         from ssl_engine.data.loader import stop_workers
 
+        stop_workers(self.data_iterator)
+        self.data_iterator = None
         for loader in self._loaders.values():
             stop_workers(getattr(loader, "_iterator", None))
         self._loaders.clear()

@@ -1,17 +1,57 @@
-"""Reading one image file as an RGB PIL image, with errors that name the file."""
-from PIL import Image
+"""Reading one image file as an RGB PIL image, with errors that name the file and say what is
+wrong with it."""
+import os
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from ssl_engine.data.worker_errors import OneMessageError
+
+# Pillow's modes of 16-bit grey images (a 16-bit grey PNG opens as I;16); "I" holds 32-bit
+# integers, which 16-bit images also come as
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
-class ImageLoadError(OSError):
-    """An image file that exists but cannot be decoded."""
+class ImageLoadError(OneMessageError, OSError):
+    """An image file that cannot be read: missing, not a file, unreadable or not decodable.
+    Built from its message alone, so that it is the same error in the main process when a
+    data-loader worker raised it (ssl_engine.data.worker_errors)."""
 
 
 def load_rgb_image(path: str) -> Image.Image:
-    """The decoded RGB image at ``path``; a corrupt or truncated file raises ImageLoadError."""
+    """The decoded RGB image at ``path`` (16-bit grey images scaled to 8 bits); a missing,
+    corrupt or truncated file raises ImageLoadError naming the file and what is wrong."""
     try:
         with Image.open(path) as img:
+            if img.mode in SIXTEEN_BIT_MODES:
+                return eight_bit_grey(img).convert("RGB")
             return img.convert("RGB")
-    except FileNotFoundError:
-        raise
     except Exception as err:  # PIL raises several types for bad files
-        raise ImageLoadError(f"cannot read image {path}: {err}") from err
+        raise ImageLoadError(f"cannot read image {path}: {what_is_wrong(path, err)}") from err
+
+
+def eight_bit_grey(img: Image.Image) -> Image.Image:
+    """A 16-bit grey image as an 8-bit one ("L"): the high byte of each value, as Pillow
+    reduces 16-bit colour images (values of a 32-bit image are first clipped to 0..65535)."""
+    values = np.clip(np.asarray(img, dtype=np.int64), 0, 65535)
+    return Image.fromarray((values >> 8).astype(np.uint8))
+
+
+def what_is_wrong(path: str, err: Exception) -> str:
+    """What the failure ``err`` of reading ``path`` says about the file, in a few words."""
+    if isinstance(err, FileNotFoundError):
+        return "no such file"
+    if isinstance(err, IsADirectoryError):
+        return "it is a folder, not an image file"
+    if isinstance(err, PermissionError):
+        return "permission denied"
+    if isinstance(err, OSError) and err.strerror:  # a failure of the file system
+        return err.strerror
+    try:
+        if os.path.getsize(path) == 0:
+            return "the file is empty (0 bytes)"
+    except OSError:
+        pass
+    if isinstance(err, UnidentifiedImageError):
+        return "not an image file Pillow can decode (cannot identify image file)"
+    return str(err).replace(f" {path!r}", "") or type(err).__name__
