@@ -122,7 +122,7 @@ def run_engine(args, overrides, folder: Path):
     steps = [r for r in records if r.get("phase") == "train" and "images_per_sec" in r]
     # one record per iteration: images of the step / images per second of its window
     times = [1e3 * args.images_per_step / r["images_per_sec"] for r in steps][:args.iters]
-    parts = [r["step_time_ms"] for r in records if r.get("run")]
+    parts = [r["step_time_ms"] for r in records if r.get("scope") == "run"]
     return startup, times, parts[-1] if parts else {}
 
 

@@ -93,7 +93,7 @@ def test_perf_stats_split_the_step_into_its_parts(monkeypatch, tmp_path):
     hook.on_phase_end(task)
     hook.on_end(task)
     records = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
-    assert [r.get("run", False) for r in records] == [False, True]
+    assert [r["scope"] for r in records] == ["phase", "run"]
     assert records[1]["step_time_ms"] == pytest.approx(expected) and records[1]["iterations"] == 1
 
 
@@ -119,7 +119,7 @@ def test_a_run_calls_the_configured_hooks(tmp_path):
     assert len(complexity) == 1 and complexity[0]["model_complexity"]["flops"] > 0
     assert complexity[0]["model_complexity"]["params"] > 0
     # the step's breakdown, on by default: the run's means in the log and metrics.json
-    (run,) = [r for r in records if r.get("run")]
+    (run,) = [r for r in records if r.get("scope") == "run"]
     parts = run["step_time_ms"]
     assert {"data", "forward", "loss", "backward", "optimizer", "hooks"} <= set(parts)
     assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))

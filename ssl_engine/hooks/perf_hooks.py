@@ -90,8 +90,9 @@ def format_ms(means: Dict[str, float]) -> str:
 class PerfStatsHook(SSLHook):
     """Where the time of a step goes (STEP_PARTS), measured with two clock reads per event.
 
-    At the end of the run: one log line and one metrics.json record (``step_time_ms``) with
-    the mean milliseconds of each part over the run's training steps.  At each phase end the
+    At the end of the run: one log line and one metrics.json record (``step_time_ms``,
+    ``scope`` "run") with the mean milliseconds of each part over the run's training steps
+    (``scope`` "phase": a phase's).  At each phase end the
     phase's means go to metrics.json (and to the log at debug level); with ``frequency`` > 0
     they are also logged every ``frequency`` iterations, and with ``rolling_window`` > 0 the
     mean batch time of the last ``rolling_window`` iterations every as many iterations.
@@ -161,7 +162,8 @@ class PerfStatsHook(SSLHook):
             means = self.phase.mean_ms()
             logger.debug("step time of %s phase %d (%d iterations, mean per iteration): %s",
                          task.phase_type, task.phase_idx, self.phase.steps, format_ms(means))
-            append_metrics(self.output_dir, {"step_time_ms": means, "phase": task.phase_type,
+            append_metrics(self.output_dir, {"step_time_ms": means, "scope": "phase",
+                                             "phase_type": task.phase_type,
                                              "phase_idx": task.phase_idx,
                                              "iterations": self.phase.steps})
 
@@ -170,5 +172,6 @@ class PerfStatsHook(SSLHook):
             means = self.run.mean_ms()
             logger.info("step time (mean of this run's %d training iterations): %s",
                         self.run.steps, format_ms(means))
-            append_metrics(self.output_dir, {"step_time_ms": means, "phase": "train",
-                                             "run": True, "iterations": self.run.steps})
+            append_metrics(self.output_dir, {"step_time_ms": means, "scope": "run",
+                                             "phase_type": "train",
+                                             "iterations": self.run.steps})
