@@ -17,6 +17,7 @@ from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_l
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.cpu_budget import configure_threads
 from ssl_engine.utils.distributed import elastic_attempt_store, export_nccl_settings, get_rank
+from ssl_engine.utils.host_memory import reuse_freed_memory
 from ssl_engine.utils.registry import lookup
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,9 @@ class SelfSupervisionTrainer:
         resources = configure_threads(cfg)
         if self.rank == 0:
             logger.info("cores: %s", resources)
+        if cfg.MACHINE.get("REUSE_FREED_MEMORY", True) and not reuse_freed_memory():
+            logger.debug("MACHINE.REUSE_FREED_MEMORY: the C library is not glibc; "
+                         "its allocator's defaults stay")
         self.setup_distributed()
         rng.set_seeds(cfg.SEED_VALUE + self.rank)
         if checkpoint_folder:
