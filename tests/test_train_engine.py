@@ -1,5 +1,6 @@
 """End-to-end training on the tiny synthetic config: files, hooks, train steps, resume."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_utils import QUICK, final_weights, metrics, run_engine, step_losses
+from engine_utils import QUICK, final_weights, metrics, run_engine, small_tmpfs, step_losses
 from ssl_engine.hooks import SSLHook, default_hook_generator
 from ssl_engine.trainer import register_train_step
 from ssl_engine.trainer.train_steps.standard_train_step import standard_train_step
@@ -255,11 +256,7 @@ def test_full_disk_during_a_checkpoint_stops_with_one_message_then_resumes(
     # the 3rd save is model_iteration6.torch (after iteration3 and phase0)
     proc = _cli(EVERY_3, tmp_path, env=plugin_env("full_disk", FULL_DISK_SAVE=3))
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        f"error: could not save checkpoint {tmp_path / 'model_iteration6.torch'}: No space left "
-        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
-        f"{tmp_path / 'model_phase0.torch'} (checkpoint.torch points to it); run again with "
-        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+    assert_one_full_disk_line(proc.stderr, tmp_path, "model_iteration6.torch", "model_phase0.torch")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".torch")) == [
         "checkpoint.torch", "model_iteration3.torch", "model_phase0.torch"]
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -279,11 +276,32 @@ def test_full_disk_in_a_two_process_run_reports_the_checkpoint_error(tmp_path):
                  "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"], tmp_path,
                 env=plugin_env("full_disk", FULL_DISK_SAVE=2))
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        f"error: could not save checkpoint {tmp_path / 'model_iteration4.torch'}: No space left "
-        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
-        f"{tmp_path / 'model_iteration2.torch'} (checkpoint.torch points to it); run again with "
-        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+    assert_one_full_disk_line(proc.stderr, tmp_path, "model_iteration4.torch",
+                              "model_iteration2.torch")
+
+
+def test_full_disk_of_a_real_small_file_system_during_a_checkpoint(tmp_path):
+    """CHECKPOINT.DIR on a 2 MB tmpfs: the first checkpoint (1.5 MB) fits, the second does not,
+    and torch's writer reports it as "unexpected pos", which the engine recognises."""
+    with small_tmpfs(tmp_path / "disk") as disk:
+        proc = _cli([], disk)
+        assert proc.returncode == 1
+        assert_one_full_disk_line(proc.stderr, disk, "model_final_checkpoint_phase1.torch",
+                                  "model_phase0.torch")
+        assert sorted(p.name for p in disk.iterdir() if not p.name.endswith((".txt", ".json"))) \
+            == ["checkpoint.torch", "model_phase0.torch"]
+        assert load_checkpoint(disk / "checkpoint.torch")["iteration"] == 4
+
+
+def assert_one_full_disk_line(stderr: str, folder: Path, failed: str, kept: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert re.fullmatch(
+        re.escape(f"error: could not save checkpoint {folder / failed}: no space left on "
+                  f"{folder}: ") + r"\d+\.\d MB free, the checkpoint needs about 1\.5 MB"
+        + re.escape(". Nothing already saved was touched: the last checkpoint saved is "
+                    f"{folder / kept} (checkpoint.torch points to it); run again with "
+                    "config.CHECKPOINT.AUTO_RESUME=true to continue from it"), lines[0])
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

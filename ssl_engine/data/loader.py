@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from ssl_engine.data.collators import build_collator
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.sampler import StatefulDistributedSampler
+from ssl_engine.utils.stop_request import ignore_stop_signals
 
 
 def build_dataloader(
@@ -62,6 +63,7 @@ def build_dataloader(
         drop_last=split_cfg.DROP_LAST,
         persistent_workers=persistent,
         generator=torch.Generator().manual_seed(seed + epoch),
+        worker_init_fn=ignore_stop_signals,  # a Ctrl-C or SIGTERM stops the rank, not its workers
     )
 
 

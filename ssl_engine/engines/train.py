@@ -85,7 +85,7 @@ def check_train_config(cfg) -> None:
     check_resume_files(cfg)
 
 
-@register_engine("train", check_before_launch=check_train_config)
+@register_engine("train", check_before_launch=check_train_config, stops_on_signal=True)
 def train_main(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
                checkpoint_folder: Optional[str] = None,
                hook_generator: Callable[..., List] = default_hook_generator) -> None:

@@ -55,6 +55,9 @@ class SelfSupervisionTask(ClassyTask):
         self.monitor_stats: List[Dict[str, torch.Tensor]] = []  # collapse statistics per step
         self.last_batch = self.last_model_output = self.last_loss = None
         self.data_time = self.step_time = 0.0
+        # True at the step (or phase end) after which the run stops on SIGTERM / SIGINT: the
+        # hooks of that point do what must be done before (the checkpoint hook saves)
+        self.stopping = False
         self.checkpoint_folder = config.CHECKPOINT.DIR
         self._resume_start_iter = 0
         self._resume_rng_states = None
