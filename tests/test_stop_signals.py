@@ -34,7 +34,7 @@ def _start_waiting(folder: Path, args, wait_at: int, go_on_signal: bool):
     own, as a terminal's job is; returns it once it waits."""
     started = folder.parent / f"{folder.name}.started"
     env = {**os.environ, "SSL_ENGINE_PLUGINS": "plugins.wait_step",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "SSL_ENGINE_TEST_STARTED": str(started), "SSL_ENGINE_TEST_WAIT_AT": str(wait_at),
            "SSL_ENGINE_TEST_GO_ON_SIGNAL": "1" if go_on_signal else ""}
     proc = subprocess.Popen(_command(folder, [*args, "config.TRAINER.TRAIN_STEP_NAME=wait_for_go"]),

@@ -19,11 +19,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ssl_engine.config import AttrDict, ConfigError, load_config
+from ssl_engine.config.derive import check_processes_fit
 from ssl_engine.engines import get_engine
 from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
-from ssl_engine.utils.checkpoint import CheckpointError
+from ssl_engine.utils.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.utils.logger import launcher_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
@@ -98,9 +99,12 @@ def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
 
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     """Everything that can be refused before a process starts: the config's own checks
-    (``check_config_before_launch``), another live run in CHECKPOINT.DIR, then the engine's own
-    checks (data paths, output folders, the files it will load)."""
+    (``check_config_before_launch``), processes this machine cannot hold, another live run in
+    CHECKPOINT.DIR, then the engine's own checks (data paths, output folders, the files it
+    will load)."""
     check_config_before_launch(engine_name, cfg)
+    if not started_by_torchrun() and not cfg.SLURM.USE_SLURM:  # else started elsewhere
+        check_processes_fit(cfg)
     engine = get_engine(engine_name)
     if holds_run_lock(cfg):
         check_unlocked(cfg.CHECKPOINT.DIR)
@@ -248,8 +252,10 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
     """Run ``engine_name`` in this process (one process, or under torchrun) or in
     ``NUM_PROC_PER_NODE`` spawned processes, holding the lock of CHECKPOINT.DIR (RunLockError
     if another live run holds it)."""
-    lock = RunLock(cfg.CHECKPOINT.DIR) if holds_run_lock(cfg) else contextlib.nullcontext()
-    with lock:
+    holds_lock = holds_run_lock(cfg)
+    with RunLock(cfg.CHECKPOINT.DIR) if holds_lock else contextlib.nullcontext():
+        if holds_lock:
+            remove_unfinished_saves(cfg.CHECKPOINT.DIR)
         run_id = dist_run_id(cfg)
         nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
         if started_by_torchrun() or nproc == 1:

@@ -1,6 +1,6 @@
 """SelfSupervisionTask: the classy_vision task holding everything a run trains and tests."""
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -189,6 +189,12 @@ class SelfSupervisionTask(ClassyTask):
     @property
     def phase_type(self) -> str:
         return "train" if self.train else "test"
+
+    @property
+    def resume_position(self) -> Tuple[int, int]:
+        """(phase_idx, batches of it already done) where the run continues: (0, 0) for a new
+        run, the checkpoint's position for a resumed one (before its first phase starts)."""
+        return self.phase_idx + 1, self._resume_start_iter
 
     def done_training(self) -> bool:
         return self.phase_idx >= len(self.phases) - 1

@@ -253,6 +253,34 @@ def list_checkpoints(folder: Path):
     return sorted(files, key=_sort_key)
 
 
+def check_latest_pointer(folder: Path) -> None:
+    """Refuse a folder where ``checkpoint.torch`` cannot be written: one of that name (the
+    first save would fail on it, after the training that led to it)."""
+    pointer = Path(folder) / LATEST_NAME
+    if pointer.is_dir() and not pointer.is_symlink():
+        raise CheckpointError(
+            f"{pointer} is a folder: the engine keeps a link to the latest checkpoint under that "
+            "name and could not save any checkpoint; move the folder away or pick another "
+            "config.CHECKPOINT.DIR")
+
+
+TEMPORARY_SAVES = ".*.torch.*.tmp"  # atomic_torch_save's and point_latest_to's temporary names
+
+
+def remove_unfinished_saves(folder: Path) -> list:
+    """Remove the temporary files of saves that never finished (a process killed while it
+    wrote); call only while holding the folder's run lock. Returns the names removed."""
+    removed = []
+    for path in sorted(Path(folder).glob(TEMPORARY_SAVES)):
+        if path.is_file() or path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    if removed:
+        logger.warning("removed the temporary files of saves that did not finish in %s: %s",
+                       folder, ", ".join(removed))
+    return removed
+
+
 def latest_checkpoint_path(folder: Path) -> Optional[Path]:
     """The file ``checkpoint.torch`` points to, or the newest checkpoint file, or None."""
     folder = Path(folder)
@@ -261,8 +289,11 @@ def latest_checkpoint_path(folder: Path) -> Optional[Path]:
         target = pointer.resolve()
         if target.is_file():
             return target
-        logger.warning("%s points to a missing file %s; looking for the newest checkpoint",
-                       pointer, target)
+        if pointer.is_symlink():
+            problem = f"points to {'a folder' if target.is_dir() else 'a missing file'} {target}"
+        else:
+            problem = "is not a file"
+        logger.warning("%s %s; looking for the newest checkpoint", pointer, problem)
     files = list_checkpoints(folder)
     return files[-1] if files else None
 
