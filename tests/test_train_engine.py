@@ -218,7 +218,7 @@ def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path, stra
     # iteration 7 was logged before the kill and again by the resumed run: metrics.json holds
     # it once (the rows after the checkpoint of iteration 6 were replaced), one curve
     rows = [(m.get("phase") or m.get("phase_end"), m["phase_idx"], m["iteration"])
-            for m in metrics(tmp_path) if "phase_idx" in m]
+            for m in metrics(tmp_path) if "phase_idx" in m and "iteration" in m]
     assert rows == [("train", 0, 1), ("train", 0, 2), ("train", 0, 3), ("train", 0, 4),
                     ("train", 0, 4), ("train", 1, 5), ("train", 1, 6), ("train", 1, 7),
                     ("train", 1, 8), ("train", 1, 8)]  # the second 4 and 8: the phase ends

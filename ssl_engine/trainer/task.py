@@ -1,6 +1,6 @@
 """SelfSupervisionTask: the classy_vision task holding everything a run trains and tests."""
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -55,12 +55,12 @@ class SelfSupervisionTask(ClassyTask):
         self.monitor_stats: List[Dict[str, torch.Tensor]] = []  # collapse statistics per step
         self.last_batch = self.last_model_output = self.last_loss = None
         self.data_time = self.step_time = 0.0
-        # True at the step (or phase end) after which the run stops on SIGTERM / SIGINT: the
-        # hooks of that point do what must be done before (the checkpoint hook saves)
-        self.stopping = False
         self.checkpoint_folder = config.CHECKPOINT.DIR
         self._resume_start_iter = 0
         self._resume_rng_states = None
+        # True at the step (or phase end) after which the run stops on SIGTERM / SIGINT: the
+        # hooks of that point do what must be done before (the checkpoint hook saves)
+        self.stopping = False
         self.amp = MixedPrecision.from_config(config, self.device)
         self.grad_clip = GradClip.from_config(config.MODEL.get("GRAD_CLIP"))
         self.accumulation_steps = int(config.OPTIMIZER.get("gradient_accumulation_steps", 1))
@@ -191,7 +191,7 @@ class SelfSupervisionTask(ClassyTask):
         return "train" if self.train else "test"
 
     @property
-    def resume_position(self) -> Tuple[int, int]:
+    def resume_position(self) -> tuple:
         """(phase_idx, batches of it already done) where the run continues: (0, 0) for a new
         run, the checkpoint's position for a resumed one (before its first phase starts)."""
         return self.phase_idx + 1, self._resume_start_iter
