@@ -170,14 +170,10 @@ class SelfSupervisionTrainer:
         if not task.stopping:
             return
         barrier()  # rank 0 has written the checkpoint the message names
-        folder = self.cfg.CHECKPOINT.DIR
-        signal = signal_name(stop.signum)
-        if self.cfg.CHECKPOINT.SAVE_ON_SIGTERM:
-            raise stop.stopped(f"stopped by {signal} after iteration {task.iteration}: "
-                               f"{last_saved(folder)}")
-        raise stop.stopped(f"stopped by {signal} after iteration {task.iteration} without "
-                           f"saving (config.CHECKPOINT.SAVE_ON_SIGTERM=false): "
-                           f"{last_saved(folder)}")
+        unsaved = "" if self.cfg.CHECKPOINT.SAVE_ON_SIGTERM else \
+            " without saving (config.CHECKPOINT.SAVE_ON_SIGTERM=false)"
+        raise stop.stopped(f"stopped by {signal_name(stop.signum)} after iteration "
+                           f"{task.iteration}{unsaved}: {last_saved(self.cfg.CHECKPOINT.DIR)}")
 
     def extract(self):
         """Write the features of every split in EXTRACT_FEATURES.SPLITS and every layer the
