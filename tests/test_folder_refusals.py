@@ -55,7 +55,8 @@ def test_a_folder_through_a_file_is_explained(tmp_path, capsys):
 def test_a_folder_given_as_the_weights_file_is_called_a_folder(tmp_path, capsys):
     line = _refusal(capsys, f"config.CHECKPOINT.DIR={tmp_path / 'run'}",
                     f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={tmp_path}")
-    assert line == f"error: MODEL.WEIGHTS_INIT.PARAMS_FILE {tmp_path} is a folder, not a weights file"
+    assert line == (f"error: MODEL.WEIGHTS_INIT.PARAMS_FILE {tmp_path} is a folder, not a "
+                    "weights file")
 
 
 def test_rank_reports_live_in_the_run_folder_and_a_killed_launchers_are_replaced(tmp_path):
