@@ -1,8 +1,12 @@
 """Helpers for tests that run the engine on the tiny synthetic config."""
+import contextlib
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+import pytest
 import torch
 
 from ssl_engine.config import load_config
@@ -36,3 +40,20 @@ def metrics(checkpoint_dir: Path) -> List[dict]:
 def step_losses(checkpoint_dir: Path) -> Dict[int, float]:
     return {m["iteration"]: m["loss"] for m in metrics(checkpoint_dir)
             if m.get("phase") == "train"}
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str = "2m"):
+    """A real file system of ``size`` on ``folder`` (a tmpfs: mounting needs root), unmounted
+    afterwards; the test is skipped where it cannot be mounted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)

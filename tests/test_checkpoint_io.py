@@ -3,11 +3,14 @@ loading (files that would run code are refused) and plain-data checkpoints."""
 import errno
 import os
 import random
+import re
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from engine_utils import small_tmpfs
 from ssl_engine.utils import rng
 from ssl_engine.utils.checkpoint import (
     LATEST_NAME, CheckpointError, CheckpointWriteError, UnsafeCheckpointError, atomic_torch_save,
@@ -33,16 +36,72 @@ def test_full_disk_mid_write_keeps_previous_and_says_what_was_saved(tmp_path, mo
 
     monkeypatch.setattr(torch, "save", exploding_save)
     with pytest.raises(CheckpointWriteError) as err:
-        save_checkpoint(tmp_path, "model_phase1.torch", {"a": 2})
+        save_checkpoint(tmp_path, "model_phase1.torch", {"a": 2, "w": torch.zeros(2**18)})
     monkeypatch.undo()
-    assert str(err.value) == (
-        f"could not save checkpoint {tmp_path / 'model_phase1.torch'}: No space left on device "
-        f"(ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
-        f"{tmp_path / 'model_phase0.torch'} (checkpoint.torch points to it); run again with "
-        "config.CHECKPOINT.AUTO_RESUME=true to continue from it")
+    assert re.fullmatch(
+        re.escape(f"could not save checkpoint {tmp_path / 'model_phase1.torch'}: no space left "
+                  f"on {tmp_path}: ") + r"\d+\.\d MB free, the checkpoint needs about 1\.0 MB"
+        + re.escape(". Nothing already saved was touched: the last checkpoint saved is "
+                    f"{tmp_path / 'model_phase0.torch'} (checkpoint.torch points to it); run "
+                    "again with config.CHECKPOINT.AUTO_RESUME=true to continue from it"),
+        str(err.value))
     assert not (tmp_path / "model_phase1.torch").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert load_latest_checkpoint(tmp_path) == {"a": 1}
+
+
+def _full_disk_as_torch_reports_it(obj, handle):
+    handle.write(b"partial")
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+
+def test_full_disk_reported_by_torchs_zip_writer_is_recognised(tmp_path, monkeypatch):
+    """torch's writer says "unexpected pos", not ENOSPC: the free space left tells."""
+    save_checkpoint(tmp_path, "model_phase0.torch", {"a": 1})
+    monkeypatch.setattr(torch, "save", _full_disk_as_torch_reports_it)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(
+        10 * 2**20, 10 * 2**20 - 300 * 2**10, 300 * 2**10))
+    with pytest.raises(CheckpointWriteError) as err:
+        save_checkpoint(tmp_path, "model_phase1.torch", {"w": torch.zeros(2**19)})
+    monkeypatch.undo()
+    assert str(err.value).startswith(
+        f"could not save checkpoint {tmp_path / 'model_phase1.torch'}: no space left on "
+        f"{tmp_path}: 0.3 MB free, the checkpoint needs about 2.0 MB. Nothing already saved was "
+        f"touched: the last checkpoint saved is {tmp_path / 'model_phase0.torch'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST_NAME, "model_phase0.torch"]
+
+
+def test_other_errors_of_torchs_writer_are_named_and_others_raised_as_they_are(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "save", _full_disk_as_torch_reports_it)
+    with pytest.raises(CheckpointWriteError, match=r"model_phase0.torch: the file could not be "
+                       r"written \(\[enforce fail at inline_container.cc:672\] . unexpected pos"):
+        save_checkpoint(tmp_path, "model_phase0.torch", {"a": 1})  # the disk has room
+
+    def bug(obj, handle):
+        raise RuntimeError("a bug, not a write")
+
+    monkeypatch.setattr(torch, "save", bug)
+    with pytest.raises(RuntimeError, match="^a bug, not a write$"):
+        save_checkpoint(tmp_path, "model_phase0.torch", {"a": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_full_disk_on_a_real_small_file_system(tmp_path):
+    """A 2 MB tmpfs: the second 1.2 MB checkpoint does not fit."""
+    with small_tmpfs(tmp_path / "disk") as disk:
+        save_checkpoint(disk, "model_phase0.torch", {"w": torch.zeros(300_000)})
+        with pytest.raises(CheckpointWriteError) as err:
+            save_checkpoint(disk, "model_phase1.torch", {"w": torch.ones(300_000)})
+        assert re.fullmatch(
+            re.escape(f"could not save checkpoint {disk / 'model_phase1.torch'}: no space left "
+                      f"on {disk}: ") + r"0\.\d MB free, the checkpoint needs about 1\.1 MB"
+            + re.escape(". Nothing already saved was touched: the last checkpoint saved is "
+                        f"{disk / 'model_phase0.torch'} (checkpoint.torch points to it); run "
+                        "again with config.CHECKPOINT.AUTO_RESUME=true to continue from it"),
+            str(err.value))
+        assert sorted(p.name for p in disk.iterdir()) == [LATEST_NAME, "model_phase0.torch"]
+        assert torch.equal(load_latest_checkpoint(disk)["w"], torch.zeros(300_000))
 
 
 def test_failing_pointer_update_keeps_the_previous_pointer(tmp_path, monkeypatch):

@@ -43,7 +43,8 @@ def test_a_submitted_job_signalled_for_preemption_requeues_and_resumes(tmp_path)
          "config.SLURM.USE_SLURM=true", f"config.SLURM.LOG_FOLDER={tmp_path / 'logs'}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "SSL_ENGINE_PLUGINS": "plugins.wait_step",
-             "PYTHONPATH": str(REPO / "tests"), "SSL_ENGINE_TEST_STARTED": str(started),
+             "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+             "SSL_ENGINE_TEST_STARTED": str(started),
              "SSL_ENGINE_TEST_GO": str(go), "SSL_ENGINE_TEST_WAIT_AT": "2"})
     try:
         deadline = time.monotonic() + 120

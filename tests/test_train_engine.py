@@ -1,5 +1,6 @@
 """End-to-end training on the tiny synthetic config: files, hooks, train steps, resume."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_utils import QUICK, final_weights, metrics, run_engine, step_losses
+from engine_utils import QUICK, final_weights, metrics, run_engine, small_tmpfs, step_losses
 from ssl_engine.hooks import SSLHook, default_hook_generator
 from ssl_engine.trainer import register_train_step
 from ssl_engine.trainer.train_steps.standard_train_step import standard_train_step
@@ -194,7 +195,9 @@ def straight_every_3(tmp_path_factory):
 
 
 def plugin_env(module, **variables):
-    return {"SSL_ENGINE_PLUGINS": f"plugins.{module}", "PYTHONPATH": str(REPO / "tests"),
+    # this checkout's engine (not an installed one) and the test plugins
+    return {"SSL_ENGINE_PLUGINS": f"plugins.{module}",
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
             **{f"SSL_ENGINE_TEST_{k}": str(v) for k, v in variables.items()}}
 
 
@@ -212,6 +215,28 @@ def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path, stra
     assert not (tmp_path / ".run.lock").exists()
     resumed_weights = final_weights(tmp_path)
     assert all(torch.equal(straight_every_3[k], resumed_weights[k]) for k in straight_every_3)
+    # iteration 7 was logged before the kill and again by the resumed run: metrics.json holds
+    # it once (the rows after the checkpoint of iteration 6 were replaced), one curve
+    rows = [(m.get("phase") or m.get("phase_end"), m["phase_idx"], m["iteration"])
+            for m in metrics(tmp_path) if "phase_idx" in m and "iteration" in m]
+    assert rows == [("train", 0, 1), ("train", 0, 2), ("train", 0, 3), ("train", 0, 4),
+                    ("train", 0, 4), ("train", 1, 5), ("train", 1, 6), ("train", 1, 7),
+                    ("train", 1, 8), ("train", 1, 8)]  # the second 4 and 8: the phase ends
+
+
+def test_orphan_temporary_files_of_a_killed_save_are_removed_at_the_next_start(tmp_path):
+    """A process killed while it wrote a checkpoint leaves its temporary file (the save is
+    atomic: the checkpoint's own name is untouched); the next run in the folder removes it."""
+    orphans = [".model_iteration3.torch.k2j4_x.tmp", ".checkpoint.torch.4242.tmp"]
+    for name in orphans:
+        (tmp_path / name).write_bytes(b"partial")
+    (tmp_path / ".notes.tmp").write_text("not the engine's")
+    proc = _cli(["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=8"],
+                tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not [name for name in orphans if (tmp_path / name).exists()]
+    assert (tmp_path / ".notes.tmp").exists()
+    assert "removed the temporary files of saves that did not finish" in proc.stderr
 
 
 def test_second_run_in_the_same_folder_is_refused_before_launch(tmp_path):
@@ -255,11 +280,7 @@ def test_full_disk_during_a_checkpoint_stops_with_one_message_then_resumes(
     # the 3rd save is model_iteration6.torch (after iteration3 and phase0)
     proc = _cli(EVERY_3, tmp_path, env=plugin_env("full_disk", FULL_DISK_SAVE=3))
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        f"error: could not save checkpoint {tmp_path / 'model_iteration6.torch'}: No space left "
-        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
-        f"{tmp_path / 'model_phase0.torch'} (checkpoint.torch points to it); run again with "
-        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+    assert_one_full_disk_line(proc.stderr, tmp_path, "model_iteration6.torch", "model_phase0.torch")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".torch")) == [
         "checkpoint.torch", "model_iteration3.torch", "model_phase0.torch"]
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -279,11 +300,33 @@ def test_full_disk_in_a_two_process_run_reports_the_checkpoint_error(tmp_path):
                  "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"], tmp_path,
                 env=plugin_env("full_disk", FULL_DISK_SAVE=2))
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        f"error: could not save checkpoint {tmp_path / 'model_iteration4.torch'}: No space left "
-        f"on device (ENOSPC). Nothing already saved was touched: the last checkpoint saved is "
-        f"{tmp_path / 'model_iteration2.torch'} (checkpoint.torch points to it); run again with "
-        "config.CHECKPOINT.AUTO_RESUME=true to continue from it"]
+    assert_one_full_disk_line(proc.stderr, tmp_path, "model_iteration4.torch",
+                              "model_iteration2.torch")
+
+
+def test_full_disk_of_a_real_small_file_system_during_a_checkpoint(tmp_path):
+    """CHECKPOINT.DIR on a 2 MB tmpfs: the first checkpoint (1.5 MB) fits, the second does not,
+    and torch's writer reports it as "unexpected pos", which the engine recognises. (16
+    images: 2 iterations per epoch.)"""
+    with small_tmpfs(tmp_path / "disk") as disk:
+        proc = _cli(["config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16"], disk)
+        assert proc.returncode == 1
+        assert_one_full_disk_line(proc.stderr, disk, "model_final_checkpoint_phase1.torch",
+                                  "model_phase0.torch")
+        assert sorted(p.name for p in disk.iterdir() if not p.name.endswith((".txt", ".json"))) \
+            == ["checkpoint.torch", "model_phase0.torch"]
+        assert load_checkpoint(disk / "checkpoint.torch")["iteration"] == 2
+
+
+def assert_one_full_disk_line(stderr: str, folder: Path, failed: str, kept: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert re.fullmatch(
+        re.escape(f"error: could not save checkpoint {folder / failed}: no space left on "
+                  f"{folder}: ") + r"\d+\.\d MB free, the checkpoint needs about \d+\.\d MB"
+        + re.escape(". Nothing already saved was touched: the last checkpoint saved is "
+                    f"{folder / kept} (checkpoint.torch points to it); run again with "
+                    "config.CHECKPOINT.AUTO_RESUME=true to continue from it"), lines[0]), lines[0]
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

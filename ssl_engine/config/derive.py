@@ -70,10 +70,32 @@ def check_gpus(cfg: AttrDict) -> None:
             "config.MACHINE.DEVICE=gpu but no CUDA device is visible; "
             "run with config.MACHINE.DEVICE=cpu"
         )
-    if cfg.DISTRIBUTED.NUM_PROC_PER_NODE > torch.cuda.device_count():
+    gpus = torch.cuda.device_count()
+    if cfg.DISTRIBUTED.NUM_PROC_PER_NODE > gpus:
         raise ConfigError(
-            f"config.DISTRIBUTED.NUM_PROC_PER_NODE={cfg.DISTRIBUTED.NUM_PROC_PER_NODE} "
-            f"but only {torch.cuda.device_count()} GPUs are visible"
+            f"config.DISTRIBUTED.NUM_PROC_PER_NODE={cfg.DISTRIBUTED.NUM_PROC_PER_NODE} starts "
+            f"one process per GPU, but {gpus} GPU(s) are visible (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): set "
+            f"config.DISTRIBUTED.NUM_PROC_PER_NODE to at most {gpus}"
+        )
+
+
+def check_processes_fit(cfg: AttrDict) -> None:
+    """The NUM_PROC_PER_NODE processes started on this machine fit it: one per visible GPU
+    (MACHINE.DEVICE=gpu), or at most one per CPU core this process may use (its CPU affinity:
+    a container's or SLURM's share)."""
+    from ssl_engine.utils.cpu_budget import cores_available
+
+    if cfg.MACHINE.DEVICE == "gpu":
+        check_gpus(cfg)
+        return
+    nproc, cores = cfg.DISTRIBUTED.NUM_PROC_PER_NODE, cores_available()
+    if nproc > cores:
+        raise ConfigError(
+            f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc} starts {nproc} processes, but this "
+            f"machine gives this process {cores} CPU core(s) (its CPU affinity): more processes "
+            "than cores only compete for them and for memory. Set "
+            f"config.DISTRIBUTED.NUM_PROC_PER_NODE to at most {cores}"
         )
 
 

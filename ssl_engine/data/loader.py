@@ -17,6 +17,7 @@ from ssl_engine.data.collators import build_collator
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.sampler import StatefulDistributedSampler
 from ssl_engine.utils.logger import setup_logging
+from ssl_engine.utils.stop_request import ignore_stop_signals
 
 
 def build_dataloader(
@@ -64,9 +65,16 @@ def build_dataloader(
             list(split_cfg.get("LABEL_PATHS", None) or [])),
         drop_last=split_cfg.DROP_LAST,
         persistent_workers=persistent,
-        worker_init_fn=worker_logging,
+        worker_init_fn=init_worker,
         generator=torch.Generator().manual_seed(seed + epoch),
     )
+
+
+def init_worker(worker_id: int) -> None:
+    """Each loader worker at its start: the logging of its rank, and a Ctrl-C or SIGTERM
+    stops the rank, not its workers."""
+    worker_logging(worker_id)
+    ignore_stop_signals(worker_id)
 
 
 def worker_logging(worker_id: int) -> None:

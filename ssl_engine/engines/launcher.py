@@ -8,9 +8,9 @@ process where global rank 0 runs (this one, or torchrun's rank 0) holds the lock
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
@@ -19,14 +19,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ssl_engine.config import AttrDict, ConfigError, load_config
+from ssl_engine.config.derive import check_processes_fit
 from ssl_engine.engines import get_engine
 from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
-from ssl_engine.utils.checkpoint import CheckpointError
+from ssl_engine.utils.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.utils.logger import launcher_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
+from ssl_engine.utils.stop_request import (RunStopped, launcher_stop_signals, signal_name,
+                                           stop_signals)
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +99,12 @@ def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
 
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
     """Everything that can be refused before a process starts: the config's own checks
-    (``check_config_before_launch``), another live run in CHECKPOINT.DIR, then the engine's own
-    checks (data paths, output folders, the files it will load)."""
+    (``check_config_before_launch``), processes this machine cannot hold, another live run in
+    CHECKPOINT.DIR, then the engine's own checks (data paths, output folders, the files it
+    will load)."""
     check_config_before_launch(engine_name, cfg)
+    if not started_by_torchrun() and not cfg.SLURM.USE_SLURM:  # else started elsewhere
+        check_processes_fit(cfg)
     engine = get_engine(engine_name)
     if holds_run_lock(cfg):
         check_unlocked(cfg.CHECKPOINT.DIR)
@@ -138,15 +144,20 @@ class RankUserError(RuntimeError):
     message, reported instead of the errors it set off in the other processes."""
 
 
+def _signals_of(engine, shared_stop=None):
+    """SIGTERM / SIGINT handled by the engine (a clean stop), if it can."""
+    return stop_signals(shared_stop) if engine.stops_on_signal else contextlib.nullcontext()
+
+
 def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
                  checkpoint_path: Optional[str], hook_generator,
-                 error_dir: Optional[str] = None) -> None:
+                 error_dir: Optional[str] = None, shared_stop=None) -> None:
     import_plugins()
     engine = get_engine(engine_name)
     kwargs = {"checkpoint_path": checkpoint_path}
     if hook_generator is not None:
         kwargs["hook_generator"] = hook_generator
-    with _rank_environment(cfg, local_rank):
+    with _rank_environment(cfg, local_rank), _signals_of(engine, shared_stop):
         try:
             engine(cfg, run_id, **kwargs)
         except (ExtractionError, *USER_ERRORS) as err:
@@ -155,6 +166,11 @@ def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
             if error_dir is not None:
                 Path(error_dir, f"{local_rank:05d}.txt").write_text(str(err))
             raise
+        except RunStopped as stopped:  # a clean stop: every process ends without an error
+            if error_dir is None:
+                raise
+            if local_rank == 0:
+                Path(error_dir, STOP_REPORT).write_text(f"{stopped.signum}\n{stopped}")
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -168,24 +184,67 @@ def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
         os._exit(0)
 
 
+STOP_REPORT = "stopped.txt"
+
+
+@contextlib.contextmanager
+def _report_folder(cfg: AttrDict):
+    """A folder where spawned processes leave the message of their failure or clean stop, in
+    CHECKPOINT.DIR (one per node), removed at the end; one left by a killed launcher is
+    replaced by the next launch."""
+    folder = Path(cfg.CHECKPOINT.DIR, f".rank_reports.node{cfg.DISTRIBUTED.NODE_ID}")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        yield str(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _abort_at_once(context):
+    """What a second SIGTERM / SIGINT does to the launcher: kill its processes, leave."""
+    def abort(signum: int) -> None:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+        print(f"error: stopped at once by a second {signal_name(signum)}: the processes were "
+              "killed without saving. Checkpoints already written are intact: run again with "
+              "config.CHECKPOINT.AUTO_RESUME=true", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    return abort
+
+
 def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
            checkpoint_path: Optional[str], hook_generator) -> None:
     """``nproc`` processes; when one fails on an error a user caused, RankUserError with its
     message (the others then fail too, on the missing process: those errors say nothing).
     After a failure the others have SPAWN_GRACE_S seconds to end by themselves (and release
-    what their data-loader workers hold) before they are terminated."""
-    with tempfile.TemporaryDirectory(prefix="ssl_engine_errors_") as error_dir:
+    what their data-loader workers hold) before they are terminated. A SIGTERM / SIGINT to
+    this process is passed to them (a value they share) when the engine stops on signals:
+    they stop cleanly and RunStopped is raised here."""
+    spawn = mp.get_context("spawn")
+    shared_stop = spawn.RawValue("i", 0)  # the signal that asked the processes to stop
+    with _report_folder(cfg) as error_dir:
         try:
             context = mp.start_processes(
                 _run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator,
-                                    error_dir), nprocs=nproc, join=False, start_method="spawn")
-            while not context.join(grace_period=SPAWN_GRACE_S):
-                pass
+                                    error_dir, shared_stop),
+                nprocs=nproc, join=False, start_method="spawn")
+            signals = launcher_stop_signals(shared_stop, _abort_at_once(context)) \
+                if get_engine(engine_name).stops_on_signal else contextlib.nullcontext()
+            with signals:
+                while not context.join(grace_period=SPAWN_GRACE_S):
+                    pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException):
-            reports = sorted(Path(error_dir).iterdir())
+            reports = sorted(Path(error_dir).glob("[0-9]*.txt"))
             if reports:
                 raise RankUserError(reports[0].read_text()) from None
             raise
+        stop_report = Path(error_dir, STOP_REPORT)
+        if stop_report.exists():
+            signum, message = stop_report.read_text().split("\n", 1)
+            raise RunStopped(message, int(signum))
 
 
 def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optional[str] = None,
@@ -193,8 +252,10 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
     """Run ``engine_name`` in this process (one process, or under torchrun) or in
     ``NUM_PROC_PER_NODE`` spawned processes, holding the lock of CHECKPOINT.DIR (RunLockError
     if another live run holds it)."""
-    lock = RunLock(cfg.CHECKPOINT.DIR) if holds_run_lock(cfg) else contextlib.nullcontext()
-    with lock:
+    holds_lock = holds_run_lock(cfg)
+    with RunLock(cfg.CHECKPOINT.DIR) if holds_lock else contextlib.nullcontext():
+        if holds_lock:
+            remove_unfinished_saves(cfg.CHECKPOINT.DIR)
         run_id = dist_run_id(cfg)
         nproc = cfg.DISTRIBUTED.NUM_PROC_PER_NODE
         if started_by_torchrun() or nproc == 1:
@@ -258,4 +319,7 @@ def _main(argv: Sequence[str]) -> int:
     except (RankUserError, ExtractionError, *USER_ERRORS) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except RunStopped as stopped:  # SIGTERM / SIGINT: a clean stop, not a failure
+        print(stopped, file=sys.stderr)
+        return stopped.exit_code
     return 0

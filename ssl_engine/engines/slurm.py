@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict
 import submitit
 
 from ssl_engine.config import ConfigError
-from ssl_engine.config.derive import check_gpus
+from ssl_engine.config.derive import check_processes_fit
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class EngineJob(submitit.helpers.Checkpointable):
         import_plugins()  # $SSL_ENGINE_PLUGINS: the user's components, on this node too
         env = submitit.JobEnvironment()
         cfg = copy.deepcopy(self.cfg)
-        check_gpus(cfg)  # not checked where the job was submitted from
+        check_processes_fit(cfg)  # not checked where the job was submitted from
         cfg.SLURM.USE_SLURM = False
         cfg.CHECKPOINT.AUTO_RESUME = True
         cfg.DISTRIBUTED.NODE_ID = env.node

@@ -7,8 +7,9 @@ from ssl_engine.engines.registry import register_engine
 from ssl_engine.hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
 from ssl_engine.trainer.trainer import machine_ranks
-from ssl_engine.utils.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
-from ssl_engine.utils.io import writable_folder_error
+from ssl_engine.utils.checkpoint import (CheckpointError, check_latest_pointer, list_checkpoints,
+                                         load_latest_checkpoint)
+from ssl_engine.utils.io import os_error_text, writable_folder_error
 from ssl_engine.utils.logger import setup_logging
 
 
@@ -74,7 +75,8 @@ def check_train_config(cfg) -> None:
     folder = Path(cfg.CHECKPOINT.DIR)
     err = writable_folder_error(folder)
     if err is not None:
-        raise ConfigError(f"config.CHECKPOINT.DIR={folder} is not writable: {err}")
+        raise ConfigError(f"config.CHECKPOINT.DIR={folder} is not writable: {os_error_text(err)}")
+    check_latest_pointer(folder)
     if (list_checkpoints(folder) and not cfg.CHECKPOINT.AUTO_RESUME
             and not cfg.CHECKPOINT.OVERWRITE_EXISTING):
         raise ConfigError(
@@ -85,7 +87,7 @@ def check_train_config(cfg) -> None:
     check_resume_files(cfg)
 
 
-@register_engine("train", check_before_launch=check_train_config)
+@register_engine("train", check_before_launch=check_train_config, stops_on_signal=True)
 def train_main(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
                checkpoint_folder: Optional[str] = None,
                hook_generator: Callable[..., List] = default_hook_generator) -> None:

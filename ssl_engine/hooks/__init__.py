@@ -38,7 +38,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     hooks.append(LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR))
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
-                                    cfg.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY))
+                                    cfg.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY,
+                                    cfg.CHECKPOINT.SAVE_ON_SIGTERM))
     tb = cfg.HOOKS.TENSORBOARD_SETUP
     if tb.USE_TENSORBOARD:
         hooks.append(TensorboardHook(os.path.join(cfg.CHECKPOINT.DIR, tb.EXPERIMENT_LOG_DIR),

@@ -1,5 +1,6 @@
 """Saves checkpoints every CHECKPOINT_FREQUENCY epochs, every CHECKPOINT_ITER_FREQUENCY
-iterations, and at the end of training, in VISSL's file layout."""
+iterations, at the end of training, and where a run stops on a signal (``task.stopping``,
+CHECKPOINT.SAVE_ON_SIGTERM), in VISSL's file layout."""
 import torch.distributed as dist
 
 from ssl_engine.hooks.base import SSLHook
@@ -33,11 +34,16 @@ def checkpoint_state(task, kind: str, phase_complete: bool):
 
 
 class CheckpointHook(SSLHook):
-    def __init__(self, checkpoint_folder: str, phase_frequency: int, iteration_frequency: int):
+    def __init__(self, checkpoint_folder: str, phase_frequency: int, iteration_frequency: int,
+                 save_on_stop: bool = True):
         super().__init__()
         self.folder = checkpoint_folder
         self.phase_frequency = phase_frequency
         self.iteration_frequency = iteration_frequency
+        self.save_on_stop = save_on_stop
+
+    def _stops_here(self, task) -> bool:
+        return task.stopping and self.save_on_stop
 
     def _save(self, task, filename: str, kind: str, phase_complete: bool) -> None:
         save_sharded = getattr(task, "save_sharded", None)  # FSDP: each rank its shard, first
@@ -48,21 +54,26 @@ class CheckpointHook(SSLHook):
             save_checkpoint(self.folder, filename, state)
 
     def on_step(self, task) -> None:
-        if not task.train or self.iteration_frequency <= 0:
+        if not task.train:
             return
-        if task.iteration % self.iteration_frequency == 0:
+        due = self.iteration_frequency > 0 and task.iteration % self.iteration_frequency == 0
+        if due or self._stops_here(task):
             self._save(task, f"model_iteration{task.iteration}.torch", "iteration",
                        phase_complete=False)
 
-    def on_phase_end(self, task) -> None:
+    def _phase_checkpoint_name(self, task):
+        """The file saved at the end of this phase by the frequencies, or None."""
         if not task.train:
-            return
-        num_epochs = task.config.OPTIMIZER.num_epochs
-        is_final = task.train_phase_idx == num_epochs - 1
-        if is_final:
-            name = f"model_final_checkpoint_phase{task.train_phase_idx}.torch"
-        elif (task.train_phase_idx + 1) % self.phase_frequency == 0:
-            name = f"model_phase{task.train_phase_idx}.torch"
-        else:
-            return
-        self._save(task, name, "phase", phase_complete=True)
+            return None
+        if task.train_phase_idx == task.config.OPTIMIZER.num_epochs - 1:
+            return f"model_final_checkpoint_phase{task.train_phase_idx}.torch"
+        if (task.train_phase_idx + 1) % self.phase_frequency == 0:
+            return f"model_phase{task.train_phase_idx}.torch"
+        return None
+
+    def on_phase_end(self, task) -> None:
+        name = self._phase_checkpoint_name(task)
+        if name is None and self._stops_here(task):
+            name = f"model_iteration{task.iteration}.torch"
+        if name is not None:
+            self._save(task, name, "phase", phase_complete=True)

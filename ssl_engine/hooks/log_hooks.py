@@ -3,6 +3,7 @@
 import datetime
 import json
 import logging
+import os
 import resource
 import time
 from pathlib import Path
@@ -50,6 +51,37 @@ def append_metrics(folder: str, record: Dict[str, Any]) -> None:
         handle.write(json.dumps(record) + "\n")
 
 
+def _written_after(line: str, phase_idx: int, iteration_in_phase: int) -> bool:
+    """Whether a metrics.json row is of a step or phase after batch ``iteration_in_phase`` of
+    phase ``phase_idx`` (rows without a phase, e.g. the k-NN's, have no place of their own; a
+    line a killed run left half-written counts as after)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return True
+    if not isinstance(row, dict) or "phase_idx" not in row:
+        return False
+    if row["phase_idx"] != phase_idx:
+        return row["phase_idx"] > phase_idx
+    done = row.get("iteration_in_phase")  # None: a row of the whole phase, at its end
+    return done is None or done > iteration_in_phase
+
+
+def drop_metrics_after(folder: str, phase_idx: int, iteration_in_phase: int) -> None:
+    """Cut metrics.json before its first row written after the position a run continues from:
+    a resumed run writes those rows again, and the file keeps one row per step."""
+    path = Path(folder) / "metrics.json"
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        if _written_after(line, phase_idx, iteration_in_phase):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text("".join(lines[:index]))
+            os.replace(tmp, path)
+            return
+
+
 def batch_counts(batch) -> Tuple[int, int]:
     """(images, views) in a collated batch: the distinct ``data_idx`` (every view of an image
     shares it), and the rows of every image tensor the model or a momentum encoder sees."""
@@ -82,6 +114,7 @@ class LogLossLrEtaHook(SSLHook):
     def on_start(self, task) -> None:
         if is_primary():
             Path(self.output_dir).mkdir(parents=True, exist_ok=True)
+            drop_metrics_after(self.output_dir, *task.resume_position)
             logger.info("run: %d phases, %d train iterations per epoch, world size %d",
                         len(task.phases), task.num_train_iters_per_epoch, get_world_size())
 

@@ -117,7 +117,8 @@ def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False,
     ``mmap=True`` maps the tensors instead of reading them (for checks)."""
     path = Path(str(weights_cfg.get("PARAMS_FILE")))
     if not path.is_file():
-        raise FileNotFoundError(f"{WHERE}.PARAMS_FILE {path} does not exist")
+        what = "is a folder, not a weights file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{WHERE}.PARAMS_FILE {path} {what}")
     contents = load_checkpoint(path, mmap=mmap)
     key_name = weights_cfg.get("STATE_DICT_KEY_NAME") or ""
     used_key = ""

@@ -60,6 +60,9 @@ class SelfSupervisionTask(ClassyTask):
         self.checkpoint_folder = config.CHECKPOINT.DIR
         self._resume_start_iter = 0
         self._resume_rng_states = None
+        # True at the step (or phase end) after which the run stops on SIGTERM / SIGINT: the
+        # hooks of that point do what must be done before (the checkpoint hook saves)
+        self.stopping = False
         self.amp = MixedPrecision.from_config(config, self.device)
         self.grad_clip = GradClip.from_config(config.MODEL.get("GRAD_CLIP"))
         self.accumulation_steps = int(config.OPTIMIZER.get("gradient_accumulation_steps", 1))
@@ -188,6 +191,12 @@ class SelfSupervisionTask(ClassyTask):
     @property
     def phase_type(self) -> str:
         return "train" if self.train else "test"
+
+    @property
+    def resume_position(self) -> tuple:
+        """(phase_idx, batches of it already done) where the run continues: (0, 0) for a new
+        run, the checkpoint's position for a resumed one (before its first phase starts)."""
+        return self.phase_idx + 1, self._resume_start_iter
 
     def done_training(self) -> bool:
         return self.phase_idx >= len(self.phases) - 1

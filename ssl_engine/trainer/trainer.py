@@ -13,12 +13,15 @@ from ssl_engine.data.datasources.image_io import ImageLoadError
 from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_death_error
 from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.trainer.cuda_cache import CudaCacheClearer
-from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint, load_latest_checkpoint
+from ssl_engine.utils.checkpoint import (CheckpointError, last_saved, load_checkpoint,
+                                         load_latest_checkpoint)
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.cpu_budget import configure_threads
-from ssl_engine.utils.distributed import elastic_attempt_store, export_nccl_settings, get_rank
+from ssl_engine.utils.distributed import (barrier, elastic_attempt_store, export_nccl_settings,
+                                          get_rank)
 from ssl_engine.utils.host_memory import reuse_freed_memory
 from ssl_engine.utils.registry import lookup
+from ssl_engine.utils.stop_request import RunStopped, StopRequest, signal_name
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +114,7 @@ class SelfSupervisionTrainer:
         if checkpoint is not None:
             logger.info("resuming from phase %d, iteration %d", task.phase_idx, task.iteration)
         task.restore_rng_states()
+        stop = StopRequest()  # SIGTERM / SIGINT: stop at a step boundary all ranks agree on
         try:
             task.on_start()
             while True:
@@ -119,11 +123,17 @@ class SelfSupervisionTrainer:
                 except StopIteration:
                     break
                 task.on_phase_start()
-                self._run_phase(task)
+                self._run_phase(task, stop)
                 for meter in task.meters:
                     meter.sync_state()
+                task.stopping = stop.due()
                 task.on_phase_end()
+                self._stop_if_asked(task, stop)
             task.on_end()
+        except RunStopped as stopped:
+            logger.info("%s", stopped)
+            task.run_hook(Event.on_exception)
+            raise
         except USER_ERRORS as err:  # their message says it all: no traceback
             logger.error("training stopped on rank %d: %s", get_rank(), err)
             task.run_hook(Event.on_exception)
@@ -148,14 +158,26 @@ class SelfSupervisionTrainer:
         finally:
             task.release_loaders()
 
-    def _run_phase(self, task) -> None:
+    def _run_phase(self, task, stop: StopRequest) -> None:
         while True:
             try:
                 task.train_step() if task.train else task.eval_step()
             except StopIteration:
                 return
             self.cuda_cache.after_step()
+            task.stopping = task.train and stop.due()  # test steps are no stop points
             task.run_hook(Event.on_step)
+            self._stop_if_asked(task, stop)
+
+    def _stop_if_asked(self, task, stop: StopRequest) -> None:
+        """Raise RunStopped at the stop point where the hooks just saw ``task.stopping``."""
+        if not task.stopping:
+            return
+        barrier()  # rank 0 has written the checkpoint the message names
+        unsaved = "" if self.cfg.CHECKPOINT.SAVE_ON_SIGTERM else \
+            " without saving (config.CHECKPOINT.SAVE_ON_SIGTERM=false)"
+        raise stop.stopped(f"stopped by {signal_name(stop.signum)} after iteration "
+                           f"{task.iteration}{unsaved}: {last_saved(self.cfg.CHECKPOINT.DIR)}")
 
     def extract(self):
         """Write the features of every split in EXTRACT_FEATURES.SPLITS and every layer the

@@ -5,6 +5,8 @@ name, so a crash mid-write never leaves a broken file under a checkpoint's name.
 ``checkpoint.torch`` is a symbolic link to the newest complete file, replaced atomically too.
 A save that fails (a full disk) removes its temporary file, leaves the previous checkpoint and
 the pointer as they were, and raises CheckpointWriteError naming the last checkpoint saved.
+torch's zip writer reports a full disk as a RuntimeError ("unexpected pos ..."), not as
+ENOSPC: a failed write is recognised as a full disk by the free space left after it.
 
 Every file is loaded weights-only (``torch.load(weights_only=True)``): tensors, numbers,
 strings and containers of them. Unpickling anything else can run code the file carries, so a
@@ -18,6 +20,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -60,6 +63,9 @@ def _numpy_array_globals() -> list:
 _NUMPY_ARRAY_GLOBALS = _numpy_array_globals()
 # torch's weights-only refusals of an object (other failures mean a corrupt file), and the
 # names they give
+# the errors of torch's zip writer (a failed write: "[enforce fail at inline_container.cc:672]
+# . unexpected pos 704 vs 598", "PytorchStreamWriter failed writing file ...")
+_TORCH_WRITER_ERROR = re.compile(r"inline_container|PytorchStreamWriter")
 _NEEDS_OBJECTS = re.compile(r"GLOBAL |Can only (?:build|create)|call reduce|Unsupported class")
 _OBJECT_NAME = re.compile(r"GLOBAL ([\w.]+)|got <class '([\w.]+)'>")
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor,
@@ -121,12 +127,49 @@ def point_latest_to(folder: Path, filename: str) -> None:
     fsync_dir(folder)
 
 
-def _last_saved(folder: Path) -> str:
+def last_saved(folder: Path) -> str:
+    """Which checkpoint a resumed run continues from, in words."""
     latest = latest_checkpoint_path(folder)
     if latest is None:
         return "no checkpoint had been saved yet, so a new run starts from the beginning"
     return (f"the last checkpoint saved is {latest} ({LATEST_NAME} points to it); run again "
             "with config.CHECKPOINT.AUTO_RESUME=true to continue from it")
+
+
+def state_nbytes(state: Any) -> int:
+    """The bytes of the tensors in ``state``, each storage once: about the size of its file."""
+    seen, total, stack = set(), 0, [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set)):
+            stack.extend(item)
+    return total
+
+
+def write_failure(err: Exception, folder: Path, needed_bytes: int) -> Optional[str]:
+    """What went wrong in words when ``err`` is a failed write into ``folder`` (a full disk
+    however it was reported, another OSError, torch's writer failing), else None."""
+    is_os_error = isinstance(err, OSError)
+    if not is_os_error and not _TORCH_WRITER_ERROR.search(str(err)):
+        return None
+    free = shutil.disk_usage(folder).free
+    if (is_os_error and err.errno == errno.ENOSPC) or free < needed_bytes:
+        return (f"no space left on {folder}: {free / 2**20:.1f} MB free, the checkpoint needs "
+                f"about {needed_bytes / 2**20:.1f} MB")
+    if is_os_error:
+        reason = err.strerror or str(err)
+        if err.errno is not None:
+            reason = f"{reason} ({errno.errorcode.get(err.errno, err.errno)})"
+        return reason
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"the file could not be written ({lines[0]})"
 
 
 def save_checkpoint(folder: Path, filename: str, state: Dict[str, Any]) -> Path:
@@ -139,13 +182,13 @@ def save_checkpoint(folder: Path, filename: str, state: Dict[str, Any]) -> Path:
     try:
         atomic_torch_save(state, path)
         point_latest_to(folder, filename)
-    except OSError as err:
-        reason = err.strerror or str(err)
-        if err.errno is not None:
-            reason = f"{reason} ({errno.errorcode.get(err.errno, err.errno)})"
+    except (OSError, RuntimeError) as err:
+        reason = write_failure(err, Path(folder), state_nbytes(state))
+        if reason is None:
+            raise
         raise CheckpointWriteError(
             f"could not save checkpoint {path}: {reason}. Nothing already saved was touched: "
-            f"{_last_saved(folder)}"
+            f"{last_saved(folder)}"
         ) from err
     logger.info("saved checkpoint %s", path)
     return path
@@ -210,6 +253,34 @@ def list_checkpoints(folder: Path):
     return sorted(files, key=_sort_key)
 
 
+def check_latest_pointer(folder: Path) -> None:
+    """Refuse a folder where ``checkpoint.torch`` cannot be written: one of that name (the
+    first save would fail on it, after the training that led to it)."""
+    pointer = Path(folder) / LATEST_NAME
+    if pointer.is_dir() and not pointer.is_symlink():
+        raise CheckpointError(
+            f"{pointer} is a folder: the engine keeps a link to the latest checkpoint under that "
+            "name and could not save any checkpoint; move the folder away or pick another "
+            "config.CHECKPOINT.DIR")
+
+
+TEMPORARY_SAVES = ".*.torch.*.tmp"  # atomic_torch_save's and point_latest_to's temporary names
+
+
+def remove_unfinished_saves(folder: Path) -> list:
+    """Remove the temporary files of saves that never finished (a process killed while it
+    wrote); call only while holding the folder's run lock. Returns the names removed."""
+    removed = []
+    for path in sorted(Path(folder).glob(TEMPORARY_SAVES)):
+        if path.is_file() or path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    if removed:
+        logger.warning("removed the temporary files of saves that did not finish in %s: %s",
+                       folder, ", ".join(removed))
+    return removed
+
+
 def latest_checkpoint_path(folder: Path) -> Optional[Path]:
     """The file ``checkpoint.torch`` points to, or the newest checkpoint file, or None."""
     folder = Path(folder)
@@ -218,8 +289,11 @@ def latest_checkpoint_path(folder: Path) -> Optional[Path]:
         target = pointer.resolve()
         if target.is_file():
             return target
-        logger.warning("%s points to a missing file %s; looking for the newest checkpoint",
-                       pointer, target)
+        if pointer.is_symlink():
+            problem = f"points to {'a folder' if target.is_dir() else 'a missing file'} {target}"
+        else:
+            problem = "is not a file"
+        logger.warning("%s %s; looking for the newest checkpoint", pointer, problem)
     files = list_checkpoints(folder)
     return files[-1] if files else None
 

@@ -1,6 +1,8 @@
 """Small file-system helpers."""
+import errno
 import os
 from pathlib import Path
+from typing import Optional
 
 
 def fsync_dir(folder: Path) -> None:
@@ -16,6 +18,27 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _file_in_the_way(path) -> Optional[Path]:
+    """The first part of ``path`` that is a file where a folder is needed, or None."""
+    for part in reversed(Path(path).parents):
+        if part.exists() and not part.is_dir():
+            return part
+    return None
+
+
+def os_error_text(err: OSError) -> str:
+    """An OSError in words, without Python's "[Errno 20]": what failed, on which path, and for
+    a path through a file, which file is in the way."""
+    code = errno.errorcode.get(err.errno, "") if err.errno is not None else ""
+    text = f"{err.strerror or err} ({code})" if code else str(err.strerror or err)
+    if err.filename is None:
+        return text
+    blocking = _file_in_the_way(err.filename) if err.errno == errno.ENOTDIR else None
+    if blocking is not None:
+        return f"{text}: {blocking} is a file, not a folder"
+    return f"{err.filename}: {text}"
 
 
 def writable_folder_error(folder: Path):

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ssl_engine.utils.io import os_error_text
+
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".run.lock"
@@ -56,8 +58,11 @@ def _read_lock_file(path: Path) -> Optional[dict]:
     try:
         age = time.time() - path.stat().st_mtime
         text = path.read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no lock (a file where its folder would be)
         return None
+    except IsADirectoryError:
+        raise RunLockError(f"{path} is a folder, not the lock file of a run: remove it (the "
+                           "engine creates that file to keep two runs out of one folder)") from None
     try:
         holder = json.loads(text)
     except ValueError:
@@ -86,12 +91,16 @@ def describe(holder: dict) -> str:
 
 def refusal(folder, holder: dict) -> RunLockError:
     path = lock_path(folder)
+    if holder["host"] is None:
+        takeover = (f"the next launch takes an unreadable lock over {STALE_AFTER_S:.0f} s after "
+                    "it was last written")
+    else:
+        takeover = (f"the next launch takes its lock over (on host {holder['host']} at once, "
+                    f"from another host {STALE_AFTER_S:.0f} s after its last sign of life)")
     return RunLockError(
         f"config.CHECKPOINT.DIR={folder} is in use by another run: {describe(holder)}. Two runs "
         f"in one folder overwrite each other's checkpoints: wait for that run to end, or pick "
-        f"another DIR. If that run is gone, the next launch takes its lock over (on host "
-        f"{holder['host']} at once, from another host {STALE_AFTER_S:.0f} s after its last sign "
-        f"of life), or delete {path}"
+        f"another DIR. If that run is gone, {takeover}, or delete {path}"
     )
 
 
@@ -149,7 +158,11 @@ class RunLock:
                        describe(holder))
 
     def acquire(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise RunLockError(f"config.CHECKPOINT.DIR={self.folder} cannot be created: "
+                               f"{os_error_text(err)}") from None
         for _ in range(5):
             if self._create():
                 self._start_heartbeat()
