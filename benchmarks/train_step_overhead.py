@@ -22,10 +22,10 @@ import torch
 
 from ssl_engine.config import load_config
 from ssl_engine.hooks import default_hook_generator
-from ssl_engine.trainer import SelfSupervisionTask, SelfSupervisionTrainer
+from ssl_engine.trainer import SelfSupervisionTrainer
 
 
-def make_engine_task(batch: int, image: int, out_dir: str):
+def make_engine_task(batch: int, image: int, out_dir: str, steps: int = 20):
     _, cfg = load_config([
         "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={out_dir}",
         f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={batch}",
@@ -37,16 +37,21 @@ def make_engine_task(batch: int, image: int, out_dir: str):
         "config.OPTIMIZER.regularize_bn=true",
         "config.LOG_FREQUENCY=10",
         f"config.DATA.TRAIN.SYNTHETIC.IMAGE_SIZE={image}",
+        f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={batch * steps}",
+        "config.DATA.NUM_DATALOADER_WORKERS=0",
     ])
-    task = SelfSupervisionTask.from_config(cfg, torch.device("cpu"))
+    trainer = SelfSupervisionTrainer(cfg, f"file://{out_dir}/rendezvous",
+                                     hooks=default_hook_generator(cfg))
+    task = trainer.task
     task.prepare()
-    task.set_hooks(default_hook_generator(cfg))
     task.on_start()
     task.advance_phase()
-    return task, cfg
+    task.on_phase_start()
+    return trainer, cfg
 
 
 def make_batches(task, count: int):
+    """``count`` batches of the task's loader (the same epoch again when it has fewer)."""
     loader_iter = task.data_iterator
     batches = []
     while len(batches) < count:
@@ -60,12 +65,14 @@ def make_batches(task, count: int):
     return batches
 
 
-def time_engine(task, batches) -> float:
+def time_engine(trainer, batches) -> float:
+    """Seconds per step of the trainer's phase loop over ``batches``."""
+    task = trainer.task
     task.data_iterator = iter(batches)
     task.iteration_num_in_phase = 0
     task.num_iters_in_phase = len(batches)
     start = time.perf_counter()
-    SelfSupervisionTrainer._run_phase(task)
+    trainer.run_phase(task)
     return (time.perf_counter() - start) / len(batches)
 
 
@@ -90,7 +97,8 @@ def main() -> None:
     torch.manual_seed(0)
 
     with tempfile.TemporaryDirectory() as out_dir:
-        task, cfg = make_engine_task(args.batch, args.image, out_dir)
+        trainer, cfg = make_engine_task(args.batch, args.image, out_dir, args.steps)
+        task = trainer.task
         batches = make_batches(task, args.steps)
         model = copy.deepcopy(task.base_model)
         loss_fn = copy.deepcopy(task.loss)
@@ -98,11 +106,13 @@ def main() -> None:
                                     weight_decay=cfg.OPTIMIZER.weight_decay)
         model.train()
         time_bare(model, loss_fn, optimizer, batches[:3])  # warm-up both paths
-        time_engine(task, batches[:3])
+        time_engine(trainer, batches[:3])
         bare, engine = [], []
         for _ in range(args.rounds):
             bare.append(time_bare(model, loss_fn, optimizer, batches))
-            engine.append(time_engine(task, batches))
+            engine.append(time_engine(trainer, batches))
+        trainer.task.release_loaders()
+        torch.distributed.destroy_process_group()
 
     bare_ms, engine_ms = statistics.median(bare) * 1e3, statistics.median(engine) * 1e3
     print(f"model: resnet18 x0.25, SimCLR, batch {args.batch} x 2 views of "

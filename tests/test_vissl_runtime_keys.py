@@ -199,7 +199,7 @@ def test_cuda_cache_emptied_every_clear_freq_steps(monkeypatch, caplog, set_cfg,
                                               else torch.device("cpu"))
     for count in (5, 6):  # two phases: the count goes on across them
         task = _Steps(count)
-        trainer._run_phase(task)
+        trainer.run_phase(task)
         assert task.hooks == count
     assert clears == [4, 8][:expected]
     cpu_note = [r for r in caplog.records if "no effect on a CPU run" in r.getMessage()]

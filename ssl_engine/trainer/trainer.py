@@ -123,7 +123,7 @@ class SelfSupervisionTrainer:
                 except StopIteration:
                     break
                 task.on_phase_start()
-                self._run_phase(task, stop)
+                self.run_phase(task, stop)
                 for meter in task.meters:
                     meter.sync_state()
                 task.stopping = stop.due()
@@ -158,7 +158,10 @@ class SelfSupervisionTrainer:
         finally:
             task.release_loaders()
 
-    def _run_phase(self, task, stop: StopRequest) -> None:
+    def run_phase(self, task, stop: Optional[StopRequest] = None) -> None:
+        """The steps of the current phase, each followed by its on_step hooks, until its data
+        ends (or a stop requested by a signal is due, with ``stop``)."""
+        stop = stop or StopRequest()
         while True:
             try:
                 task.train_step() if task.train else task.eval_step()
