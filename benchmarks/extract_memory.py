@@ -122,8 +122,10 @@ def child_throughput(num_samples: int, folder: str, repeats: int) -> None:
 
 def run_child(*args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
-    result = subprocess.run([sys.executable, __file__, *map(str, args)], check=True,
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True,
+                            text=True, env=env)
+    if result.returncode != 0:  # the child's own error, not only its exit status
+        raise RuntimeError(f"child {args} failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -120,9 +120,10 @@ sum(o.square().mean() for o in model(images)).backward()
 done[0] = True; thread.join()
 print(json.dumps({{"peak": peak[0] - base}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                         text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak"]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode != 0:  # the child's own error, not only its exit status
+        raise RuntimeError(f"checkpointing={use} child failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["peak"]
 
 
 def mib(value: int) -> str:

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
@@ -17,12 +18,14 @@ NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 
 @pytest.fixture
 def load_benchmark(monkeypatch):
-    """Import a script of benchmarks/ by its name (processes it spawns import it so too)."""
+    """Import a script of benchmarks/ by its name (processes it spawns import it so too). It
+    runs on one torch thread (tiny sizes gain nothing from more, and on a busy machine spinning
+    threads cost many times the work); the suite's thread count is given back afterwards."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-
-    def load(name: str):
-        return importlib.import_module(name)
-    return load
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield importlib.import_module
+    torch.set_num_threads(threads)
 
 
 def row_numbers(text: str, label: str) -> list:
