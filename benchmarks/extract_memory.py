@@ -9,6 +9,8 @@ which counts memory-mapped pages too). Then, in one process, compares extraction
 with a bare ``torch.no_grad()`` forward loop over the same batches.
 
     python benchmarks/extract_memory.py      # about 1-2 minutes on 2 CPU cores
+    python benchmarks/extract_memory.py [--sizes 2000 40000] [--procs 1 2]
+        [--throughput-size 10000] [--repeats 3]
 
 Targets: peak growth / feature-bytes growth <= 0.10; extraction / bare forward >= 0.9.
 """
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 SIZES = (2_000, 40_000)
+PROCS = (1, 2)
 THROUGHPUT_SIZE = 10_000
 REPEATS = 3
 THREADS = 1  # torch threads per child: timings stay stable on a shared 2-core machine
@@ -75,9 +78,10 @@ def child_extract(num_samples: int, folder: str, procs: int) -> None:
     print(json.dumps({"peak": peak, "seconds": seconds}))
 
 
-def child_throughput(num_samples: int, folder: str) -> None:
+def child_throughput(num_samples: int, folder: str, repeats: int) -> None:
     """Extraction vs a bare forward loop over the same batches (loaded beforehand, so data
-    loading is left out of both) and the same model, alternated REPEATS times; best of each."""
+    loading is left out of both) and the same model, alternated ``repeats`` times; best of
+    each."""
     import torch
 
     from ssl_engine.config import AttrDict
@@ -108,7 +112,7 @@ def child_throughput(num_samples: int, folder: str) -> None:
 
     bare()  # warm-up
     times = {"bare": [], "extract": []}
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for name, fn in (("bare", bare), ("extract", extraction)):
             start = time.perf_counter()
             fn()
@@ -118,58 +122,80 @@ def child_throughput(num_samples: int, folder: str) -> None:
 
 def run_child(*args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
-    result = subprocess.run([sys.executable, __file__, *map(str, args)], check=True,
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True,
+                            text=True, env=env)
+    if result.returncode != 0:  # the child's own error, not only its exit status
+        raise RuntimeError(f"child {args} failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs=2, default=SIZES, metavar=("SMALL", "LARGE"),
+                        help="images extracted by the two runs compared")
+    parser.add_argument("--procs", type=int, nargs="+", default=PROCS,
+                        help="numbers of processes to extract with")
+    parser.add_argument("--throughput-size", type=int, default=THROUGHPUT_SIZE)
+    parser.add_argument("--repeats", type=int, default=REPEATS,
+                        help="alternated rounds of the throughput comparison")
+    parser.add_argument("--child-extract", nargs=3, metavar=("N", "DIR", "PROCS"))
+    parser.add_argument("--child-throughput", nargs=3, metavar=("N", "DIR", "REPEATS"))
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.child_extract:
+        child_extract(int(args.child_extract[0]), args.child_extract[1], int(args.child_extract[2]))
+    elif args.child_throughput:
+        child_throughput(int(args.child_throughput[0]), args.child_throughput[1],
+                         int(args.child_throughput[2]))
+    else:
+        compare(args.sizes, args.procs, args.throughput_size, args.repeats)
+
+
+def compare(sizes, procs_list, throughput_size: int, repeats: int) -> None:
+    """Peak memory of extracting ``sizes`` images with each number of processes, then the
+    throughput comparison; each in a fresh subprocess. Prints the tables."""
     mib = 2**20
+    small_n, large_n = sizes
+    feature_growth = (large_n - small_n) * WIDTH * 4
     peaks = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for procs in (1, 2):
-            for size in SIZES:
+        for procs in procs_list:
+            for size in sizes:
                 peaks[procs, size] = run_child("--child-extract", size, f"{tmp}/p{procs}n{size}",
                                                procs)
-        speed = run_child("--child-throughput", THROUGHPUT_SIZE, f"{tmp}/speed")
+        speed = run_child("--child-throughput", throughput_size, f"{tmp}/speed", repeats)
 
     print(f"extraction of a {WIDTH}-wide layer ({THREADS} torch thread per process), "
           "a fresh subprocess per run")
     print(f"{'procs':>5} {'N':>8} {'features MiB':>13} {'peak RSS MiB':>13} {'time s':>7} "
           f"{'growth MiB':>11} {'ratio':>6}")
-    for procs in (1, 2):
-        small, large = (peaks[procs, size] for size in SIZES)
+    for procs in procs_list:
+        small, large = peaks[procs, small_n], peaks[procs, large_n]
         growth = large["peak"] - small["peak"]
-        ratio = growth / ((SIZES[1] - SIZES[0]) * WIDTH * 4)
-        for size, run in zip(SIZES, (small, large)):
-            tail = f"{growth / mib:>11.1f} {ratio:>6.3f}" if size == SIZES[-1] else ""
+        ratio = growth / feature_growth
+        for size, run in zip(sizes, (small, large)):
+            tail = f"{growth / mib:>11.1f} {ratio:>6.3f}" if size == large_n else ""
             print(f"{procs:>5} {size:>8,} {size * WIDTH * 4 / mib:>13.1f} "
                   f"{run['peak'] / mib:>13.1f} {run['seconds']:>7.1f} {tail}")
-    worst = max((peaks[p, SIZES[1]]["peak"] - peaks[p, SIZES[0]]["peak"]) for p in (1, 2))
-    worst_ratio = worst / ((SIZES[1] - SIZES[0]) * WIDTH * 4)
+    worst = max((peaks[p, large_n]["peak"] - peaks[p, small_n]["peak"]) for p in procs_list)
+    worst_ratio = worst / feature_growth
     print(f"ratio = peak growth / feature-bytes growth; worst {worst_ratio:.3f} (target <= 0.10) "
           f"{'OK' if worst_ratio <= 0.10 else 'MISSED'}")
 
     bare, extract = speed["bare"], speed["extract"]
     throughput = bare / extract
-    print(f"\nthroughput, N = {THROUGHPUT_SIZE:,} images in batches of 256 loaded beforehand, "
-          f"one process (best of {REPEATS} each)")
-    print(f"{'bare no_grad forward':<22} {bare:>7.2f} s {THROUGHPUT_SIZE / bare:>9,.0f} img/s")
-    print(f"{'extraction to disk':<22} {extract:>7.2f} s {THROUGHPUT_SIZE / extract:>9,.0f} img/s")
+    print(f"\nthroughput, N = {throughput_size:,} images in batches of 256 loaded beforehand, "
+          f"one process (best of {repeats} each)")
+    print(f"{'bare no_grad forward':<22} {bare:>7.2f} s {throughput_size / bare:>9,.0f} img/s")
+    print(f"{'extraction to disk':<22} {extract:>7.2f} s {throughput_size / extract:>9,.0f} img/s")
     print(f"extraction / bare = {throughput:.3f} (target >= 0.9) "
           f"{'OK' if throughput >= 0.9 else 'MISSED'}; extraction adds "
-          f"{(extract - bare) / THROUGHPUT_SIZE * 1e6:.1f} us per image ({WIDTH * 4 // 1024} KiB "
+          f"{(extract - bare) / throughput_size * 1e6:.1f} us per image ({WIDTH * 4 // 1024} KiB "
           "written per image)")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child-extract", nargs=3, metavar=("N", "DIR", "PROCS"))
-    parser.add_argument("--child-throughput", nargs=2, metavar=("N", "DIR"))
-    args = parser.parse_args()
-    if args.child_extract:
-        child_extract(int(args.child_extract[0]), args.child_extract[1], int(args.child_extract[2]))
-    elif args.child_throughput:
-        child_throughput(int(args.child_throughput[0]), args.child_throughput[1])
-    else:
-        main()
+    main()

@@ -48,12 +48,12 @@ def run_recipe(method: str, out_dir: Path, overrides) -> dict:
             "images_per_sec": images / train_time if train_time else float("nan")}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--out", default=None, help="folder for the runs (default: a temp dir)")
     parser.add_argument("overrides", nargs="*", help="config.A.B=v applied to every recipe")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="methods_digits_"))
     shots = [1, 5]
     results = []

@@ -6,7 +6,7 @@ sum of the two resolution groups run alone, and beside running the trunk once pe
 Interleaved rounds on random images; median milliseconds per forward + backward.
 
     python benchmarks/multicrop_speed.py [--depth 50] [--batch 4] [--rounds 5]
-        [--global-crops 2] [--local-crops 6] [--bf16]
+        [--global-crops 2] [--local-crops 6] [--global-size 224] [--local-size 96] [--bf16]
 """
 import argparse
 import statistics
@@ -27,15 +27,17 @@ def timed(model, inputs, amp: bool) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depth", type=int, default=50)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--global-crops", type=int, default=2)
     parser.add_argument("--local-crops", type=int, default=6)
+    parser.add_argument("--global-size", type=int, default=224, help="pixels of a global crop")
+    parser.add_argument("--local-size", type=int, default=96, help="pixels of a local crop")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast of the model")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     _, cfg = load_config(["config=pretrain/swav/swav_resnet50", "config.MACHINE.DEVICE=cpu",
                           "config.DISTRIBUTED.BACKEND=gloo",
                           f"config.MODEL.TRUNK.RESNETS.DEPTH={args.depth}",
@@ -46,14 +48,15 @@ def main() -> None:
     torch.manual_seed(0)
     model = build_model(cfg.MODEL).train()
     b = args.batch
-    big = torch.randn(args.global_crops * b, 3, 224, 224)
-    small = torch.randn(args.local_crops * b, 3, 96, 96)
+    big = torch.randn(args.global_crops * b, 3, args.global_size, args.global_size)
+    small = torch.randn(args.local_crops * b, 3, args.local_size, args.local_size)
     per_crop = list(big.split(b)) + list(small.split(b))
+    big_alone, small_alone = f"{args.global_size} group alone", f"{args.local_size} group alone"
     variants = {
         "multi-crop batch (trunk once per resolution)": lambda: timed(model, [big, small],
                                                                       args.bf16),
-        "224 group alone": lambda: timed(model, big, args.bf16),
-        "96 group alone": lambda: timed(model, small, args.bf16),
+        big_alone: lambda: timed(model, big, args.bf16),
+        small_alone: lambda: timed(model, small, args.bf16),
         "trunk once per crop": lambda: timed(model, per_crop, args.bf16),
     }
     for run in variants.values():  # warm-up
@@ -63,8 +66,9 @@ def main() -> None:
         for name, run in variants.items():
             times[name].append(run())
     medians = {name: statistics.median(values) for name, values in times.items()}
-    groups = medians["224 group alone"] + medians["96 group alone"]
-    print(f"ResNet-{args.depth}, {args.global_crops}x224 + {args.local_crops}x96 crops of "
+    groups = medians[big_alone] + medians[small_alone]
+    print(f"ResNet-{args.depth}, {args.global_crops}x{args.global_size} + "
+          f"{args.local_crops}x{args.local_size} crops of "
           f"{b} images, {'bf16' if args.bf16 else 'fp32'}, {torch.get_num_threads()} threads, "
           f"median of {args.rounds} rounds (forward + backward)")
     for name, value in medians.items():

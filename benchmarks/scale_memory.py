@@ -14,7 +14,7 @@ gradients + optimizer state <= 0.55x DDP's; activation checkpointing peak <= 0.7
 saying OK or MISSED with the measured ratio.
 
     python benchmarks/scale_memory.py [--batch 2] [--image-size 64]
-        [--ckpt-batch 16] [--ckpt-image-size 128] [--splits 2]
+        [--ckpt-batch 16] [--ckpt-image-size 128] [--splits 2] [--ckpt-rounds 2]
 """
 import argparse
 import json
@@ -120,24 +120,27 @@ sum(o.square().mean() for o in model(images)).backward()
 done[0] = True; thread.join()
 print(json.dumps({{"peak": peak[0] - base}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                         text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak"]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode != 0:  # the child's own error, not only its exit status
+        raise RuntimeError(f"checkpointing={use} child failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["peak"]
 
 
 def mib(value: int) -> str:
     return f"{value / 2 ** 20:8.1f} MiB"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2, help="images per rank (2 views each)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--ckpt-batch", type=int, default=16)
     parser.add_argument("--ckpt-image-size", type=int, default=128)
     parser.add_argument("--splits", type=int, default=2)
+    parser.add_argument("--ckpt-rounds", type=int, default=2,
+                        help="fresh processes each with and without checkpointing (lowest peak)")
     parser.add_argument("--port", type=int, default=29561)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     results = mp.Manager().dict()
     mp.spawn(ranks_main, args=(2, args.port, args, results), nprocs=2)
@@ -152,7 +155,7 @@ def main() -> None:
               f"{mib(row['optimizer']):>14s} {mib(totals[mode]):>14s}")
 
     peaks = {}
-    for use in (False, True, False, True):  # interleaved; the lower of two runs each
+    for use in (False, True) * args.ckpt_rounds:  # interleaved; the lowest run of each
         peaks[use] = min(peaks.get(use, float("inf")), checkpointing_peak(use, args))
     print(f"\npeak of one step (forward + backward), 1 process, batch {2 * args.ckpt_batch} of "
           f"{args.ckpt_image_size}px: without checkpointing {mib(peaks[False])}, with "

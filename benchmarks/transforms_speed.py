@@ -25,12 +25,12 @@ from ssl_engine.data.transforms.fast_blur import GaussianBlur
 from ssl_engine.data.transforms.gaussian_blur import ImgPilGaussianBlur
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--size", type=int, default=224)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

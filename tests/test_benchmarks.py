@@ -1,0 +1,115 @@
+"""The scripts in benchmarks/, each run at tiny sizes, print the tables they exist for.
+
+They call the engine's internals (model and data builders, the extraction loop, the sharded
+optimizer, the launcher, metrics.json's records); a change of those breaks one of these tests
+instead of the benchmark. Sizes here are far too small for the numbers to mean anything: the
+tests check that every row is there and its numbers are real, not the targets.
+"""
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
+
+
+@pytest.fixture
+def load_benchmark(monkeypatch):
+    """Import a script of benchmarks/ by its name (processes it spawns import it so too). It
+    runs on one torch thread (tiny sizes gain nothing from more, and on a busy machine spinning
+    threads cost many times the work); the suite's thread count is given back afterwards."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield importlib.import_module
+    torch.set_num_threads(threads)
+
+
+def row_numbers(text: str, label: str) -> list:
+    """The numbers printed after ``label`` on the line that starts with it."""
+    lines = [line for line in text.splitlines() if line.startswith(label)]
+    assert len(lines) == 1, f"no single row {label!r} in:\n{text}"
+    return [float(n.replace(",", "")) for n in re.findall(NUMBER, lines[0][len(label):])]
+
+
+def test_transforms_speed_times_every_transform(load_benchmark, capsys):
+    load_benchmark("transforms_speed").main(["--images", "2", "--rounds", "1", "--size", "32"])
+    out = capsys.readouterr().out
+    assert "2 images of 32x32, 1 thread, median of 1 rounds" in out
+    for name in ("ImgPilColorDistortion(1.0), PIL", "ImgPilGaussianBlur(p=1), PIL filter",
+                 "torchvision GaussianBlur(3), PIL in", "torchvision GaussianBlur(3), tensor in",
+                 "engine GaussianBlur(3), PIL in", "RandomResizedCrop(32), PIL", "ToTensor"):
+        [microseconds] = row_numbers(out, name)
+        assert microseconds > 0, name
+
+
+def test_multicrop_speed_compares_the_batch_with_its_groups(load_benchmark, capsys):
+    load_benchmark("multicrop_speed").main([
+        "--depth", "18", "--batch", "2", "--rounds", "1", "--global-crops", "2",
+        "--local-crops", "2", "--global-size", "32", "--local-size", "16"])
+    out = capsys.readouterr().out
+    assert "ResNet-18, 2x32 + 2x16 crops of 2 images, fp32" in out
+    ms = {name: row_numbers(out, name)[0]
+          for name in ("multi-crop batch (trunk once per resolution)", "32 group alone",
+                       "16 group alone", "trunk once per crop", "sum of the two groups alone")}
+    assert all(value > 0 for value in ms.values()), ms
+    assert abs(ms["sum of the two groups alone"]
+               - ms["32 group alone"] - ms["16 group alone"]) <= 1, ms  # each rounded to 1 ms
+    [ratio] = row_numbers(out, "multi-crop batch / sum of its groups:")
+    assert ratio > 0
+
+
+def test_scale_memory_shards_state_and_measures_checkpointing(load_benchmark, capsys):
+    from ssl_engine.engines.launcher import find_free_port
+
+    load_benchmark("scale_memory").main([
+        "--batch", "1", "--image-size", "32", "--ckpt-batch", "1", "--ckpt-image-size", "32",
+        "--ckpt-rounds", "1", "--port", str(find_free_port())])
+    out = capsys.readouterr().out
+    ddp, zero, fsdp = (row_numbers(out, mode + " ") for mode in ("ddp", "zero", "fsdp"))
+    # columns: parameters, gradients, optimizer state, total (MiB per rank)
+    assert all(value > 0 for value in ddp + zero + fsdp), out
+    assert zero[:2] == ddp[:2] and zero[2] < ddp[2]  # ZeRO shards the optimizer state only
+    assert all(f < d for f, d in zip(fsdp, ddp))  # FSDP shards all three
+    peaks = re.search(rf"without checkpointing\s+({NUMBER}) MiB, with .*?\s+({NUMBER}) MiB", out)
+    assert peaks and all(float(peak) > 0 for peak in peaks.groups()), out
+    targets = re.findall(r"^(OK|MISSED) +(.+): (\d+\.\d+)x$", out, re.MULTILINE)
+    assert [name.split(" ")[0] for _, name, _ in targets] == ["ZeRO", "FSDP", "activation"], out
+    assert all(float(ratio) > 0 for _, _, ratio in targets)
+
+
+def test_extract_memory_reports_peak_memory_and_throughput(load_benchmark, capsys):
+    load_benchmark("extract_memory").main(["--sizes", "64", "128", "--procs", "1",
+                                           "--throughput-size", "64", "--repeats", "1"])
+    out = capsys.readouterr().out
+    for size in (64, 128):  # each child asserted its features file holds size x 2048 rows
+        features_mib, peak_mib, seconds, *growth = row_numbers(out, f"    1 {size:>8}")
+        assert features_mib == pytest.approx(size * 2048 * 4 / 2**20, abs=0.05)
+        assert peak_mib > 100 and seconds >= 0  # a process with torch holds > 100 MiB
+        assert len(growth) == (2 if size == 128 else 0)
+    assert re.search(r"worst -?\d+\.\d+ \(target <= 0.10\) (OK|MISSED)", out), out
+    for name in ("bare no_grad forward", "extraction to disk"):
+        seconds, images_per_second = row_numbers(out, name)
+        assert images_per_second > 0
+    assert re.search(r"extraction / bare = \d+\.\d+ \(target >= 0.9\)", out), out
+
+
+def test_methods_digits_reports_a_recipe_beside_raw_pixels(load_benchmark, capsys, tmp_path):
+    overrides = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.DATA_LIMIT=128",
+                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64", "config.DATA.TEST.DATA_LIMIT=64"]
+    code = load_benchmark("methods_digits").main(
+        [*overrides, "--methods", "simclr", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert (tmp_path / "simclr/metrics.json").is_file()
+    # kNN top-1, 1-shot mean, std, 5-shot mean, std[, 1-shot vs raw, wall s, img/s]
+    simclr = row_numbers(out, "simclr  ")
+    raw, random_init = row_numbers(out, "raw pixels"), row_numbers(out, "random init")
+    assert len(simclr) == 8 and len(raw) == len(random_init) == 5, out
+    for row in (simclr, raw, random_init):
+        assert all(0 <= accuracy <= 100 for accuracy in (row[0], row[1], row[3])), out
+    assert simclr[5] == pytest.approx(simclr[1] - raw[1], abs=0.02)
+    assert simclr[6] > 0 and simclr[7] > 0  # wall time, training images per second
