@@ -53,7 +53,7 @@ def info_nce(z: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
     return F.cross_entropy(logits, targets)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=25)
     parser.add_argument("--batch", type=int, default=8)
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, choices=[18, 50], default=50)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast of the forward")
     parser.add_argument("--channels-last", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     model = getattr(torchvision.models, f"resnet{args.depth}")()
     width = model.fc.in_features

@@ -126,7 +126,7 @@ def run_engine(args, overrides, folder: Path):
     return startup, times, parts[-1] if parts else {}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=[*DEPTHS, "quickstart"], default="resnet50")
     parser.add_argument("--rounds", type=int, default=2)
@@ -138,7 +138,7 @@ def main() -> int:
                         "auto choice for this machine, given to the bare loops too)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("overrides", nargs="*", help="config.A.B=v for every engine variant")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.bare_workers = args.workers if args.workers is not None else auto_workers()
     args.images_per_step, args.steps_per_epoch = (
         (args.batch, args.iters) if args.workload in DEPTHS else quickstart_steps())

@@ -87,15 +87,16 @@ def time_bare(model, loss_fn, optimizer, batches) -> float:
     return (time.perf_counter() - start) / len(batches)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--image", type=int, default=32)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
 
+    own_group = not torch.distributed.is_initialized()
     with tempfile.TemporaryDirectory() as out_dir:
         trainer, cfg = make_engine_task(args.batch, args.image, out_dir, args.steps)
         task = trainer.task
@@ -112,7 +113,8 @@ def main() -> None:
             bare.append(time_bare(model, loss_fn, optimizer, batches))
             engine.append(time_engine(trainer, batches))
         trainer.task.release_loaders()
-        torch.distributed.destroy_process_group()
+        if own_group:
+            torch.distributed.destroy_process_group()
 
     bare_ms, engine_ms = statistics.median(bare) * 1e3, statistics.median(engine) * 1e3
     print(f"model: resnet18 x0.25, SimCLR, batch {args.batch} x 2 views of "

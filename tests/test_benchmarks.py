@@ -113,3 +113,38 @@ def test_methods_digits_reports_a_recipe_beside_raw_pixels(load_benchmark, capsy
         assert all(0 <= accuracy <= 100 for accuracy in (row[0], row[1], row[3])), out
     assert simclr[5] == pytest.approx(simclr[1] - raw[1], abs=0.02)
     assert simclr[6] > 0 and simclr[7] > 0  # wall time, training images per second
+
+
+def test_train_speed_compares_the_engine_with_the_bare_loop(load_benchmark, capsys):
+    # two processes: the bare loop, then the engine from the command line
+    assert load_benchmark("train_speed").main([
+        "--workload", "resnet18", "--rounds", "1", "--iters", "2", "--warmup", "1",
+        "--batch", "2", "--workers", "0", "--variants", "engine fp32"]) == 0
+    table, parts = capsys.readouterr().out.split("HOOKS.PERF_STATS")
+    assert "data-loading workers: 0 for every variant" in table
+    bare_ms, bare_ratio, bare_to_fp32, _ = row_numbers(table, "bare fp32 ")
+    engine_ms, ratio, to_fp32, startup = row_numbers(table, "engine fp32 ")
+    assert bare_ms > 0 and engine_ms > 0 and startup > 0
+    assert (bare_ratio, bare_to_fp32) == (1.0, 1.0)
+    assert ratio == to_fp32 == pytest.approx(engine_ms / bare_ms, abs=0.01)
+    # the engine's step in parts, from HOOKS.PERF_STATS's record in metrics.json
+    parts = re.search(r"\nengine fp32 +(.*)\n", parts).group(1)
+    for part in ("data", "forward", "loss", "backward", "optimizer", "hooks", "total"):
+        assert re.search(rf"\b{part} \d+", parts), parts
+
+
+def test_bare_loop_runs_in_bf16_with_channels_last(load_benchmark, capsys):
+    load_benchmark("bare_simclr_loop").main(["--depth", "18", "--iters", "2", "--batch", "2",
+                                             "--bf16", "--channels-last"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [["iter", "1"], ["iter", "2"]]
+    assert all(float(line.split()[2]) > 0 for line in lines)
+
+
+def test_train_step_overhead_times_the_trainers_phase_loop(load_benchmark, capsys):
+    load_benchmark("train_step_overhead").main(["--steps", "2", "--rounds", "1", "--batch", "4",
+                                                "--image", "16"])
+    out = capsys.readouterr().out
+    bare, engine = row_numbers(out, "bare "), row_numbers(out, "engine ")
+    assert len(bare) == len(engine) == 2 and min(bare + engine) > 0
+    assert re.search(rf"engine/bare ratio: median {NUMBER}, best round {NUMBER}", out)
