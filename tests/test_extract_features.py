@@ -205,7 +205,7 @@ def test_command_line_refuses_unwritable_output_before_starting(tmp_path):
 
 
 # ---------------------------------------------------------------- safety, from the command line
-def extract_cli(folder, overrides=(), env=None):
+def extract_cli(folder, overrides=(), env=None, base=(CONFIG, *TINY)):
     import os
     import subprocess
     import sys
@@ -213,11 +213,11 @@ def extract_cli(folder, overrides=(), env=None):
 
     repo = Path(__file__).resolve().parents[1]
     return subprocess.run(
-        [sys.executable, str(repo / "tools/run_distributed_engines.py"), CONFIG,
-         "engine_name=extract_features", *TINY, f"config.CHECKPOINT.DIR={folder}",
-         *overrides],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(repo / "tests"), **(env or {})},
+        [sys.executable, str(repo / "tools/run_distributed_engines.py"), *base,
+         "engine_name=extract_features", f"config.CHECKPOINT.DIR={folder}", *overrides],
+        capture_output=True, text=True, timeout=300,  # the engine of this checkout, test plugins
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "tests"), str(repo)]),
+             **(env or {})},
     )
 
 
@@ -298,3 +298,73 @@ def test_dead_data_loader_worker_ends_extraction_with_one_message(tmp_path):
         "error: a data-loader worker died while reading config.DATA.TRAIN (data sources "
         "['worker_killing_synthetic']): DataLoader worker (pid"), proc.stderr
     assert final_names(out) == [] and not list(out.glob(".*.tmp"))
+
+
+# ---------------------------------------------------------------- trunk features, heads, checks
+QUICKSTART_TRUNK_ONLY = [
+    "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=true",
+    "config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true",
+    "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res5avg,[Identity,[]]]]",
+    "config.DATA.TRAIN.DATA_LIMIT=24", "config.DATA.TEST.DATA_LIMIT=24",
+    "config.EXTRACT_FEATURES.SPLITS=[TRAIN]",
+]
+
+
+@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam"])
+def test_trunk_only_extraction_of_a_config_with_projector_and_predictor_builds_no_head(
+        tmp_path, method):
+    from ssl_engine.engines.launcher import check_before_launch
+
+    engine_name, cfg = load_config([f"config=quickstart/{method}_digits",
+                                    "engine_name=extract_features", *QUICKSTART_TRUNK_ONLY,
+                                    f"config.CHECKPOINT.DIR={tmp_path}"])
+    assert len(cfg.MODEL.HEAD.PARAMS) == 2  # projector and predictor
+    check_before_launch(engine_name, cfg)
+    model = build_model(cfg.MODEL)
+    assert len(model.heads) == 0 and model.extract_layer_names() == ["res5avg"]
+
+
+def test_trunk_only_extraction_from_a_byol_checkpoint_equals_a_headless_one(tmp_path):
+    """The weights file holds the projector and predictor: extracting the trunk features of the
+    quickstart gives what the same extraction with MODEL.HEAD.PARAMS=[] gives."""
+    base = ["config=quickstart/byol_digits", *QUICKSTART_TRUNK_ONLY]
+    _, cfg = load_config(["config=quickstart/byol_digits"])  # as pretrained
+    torch.manual_seed(0)
+    model = build_model(cfg.MODEL)
+    assert len(model.heads) == 2
+    weights = tmp_path / "byol.torch"
+    torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, weights)
+
+    runs = {}
+    for name, extra in (("heads", []), ("headless", ["config.MODEL.HEAD.PARAMS=[]"])):
+        proc = extract_cli(tmp_path / name, [f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}",
+                                             *extra], base=base)
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = load_extracted(tmp_path / name, "train", "res5avg")
+    assert runs["heads"].features.shape == (24, 256)
+    assert np.array_equal(runs["heads"].features, runs["headless"].features)
+
+
+LINEAR_EVAL = ["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false",
+               "config.MODEL.HEAD.PARAMS=[[eval_mlp,{in_channels:64,dims:[64,4]}]]"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (LINEAR_EVAL,
+     "MODEL.HEAD.PARAMS has 1 head(s) but MODEL.FEATURE_EVAL_SETTINGS."
+     "LINEAR_EVAL_FEAT_POOL_OPS_MAP has 2 stage(s) ['res4', 'res5avg']: with "
+     "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON every stage needs its own head, in the same "
+     "order"),
+    (["config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res9,[Identity,[]]]]"],
+     "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP: ResNetTrunk has no stage(s) "
+     "['res9']; its stages are: conv1, res2, res3, res4, res5, res5avg"),
+    (["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false"],
+     "the model has no heads to extract features from; set "
+     "MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"),
+], ids=["heads_and_stages", "unknown_stage", "no_heads"])
+def test_model_settings_that_cannot_extract_are_refused_before_launch(tmp_path, overrides,
+                                                                      message):
+    proc = extract_cli(tmp_path / "out", overrides)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {message}"]
+    assert "init process group" not in proc.stdout
