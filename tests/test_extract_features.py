@@ -300,6 +300,54 @@ def test_dead_data_loader_worker_ends_extraction_with_one_message(tmp_path):
     assert final_names(out) == [] and not list(out.glob(".*.tmp"))
 
 
+# ---------------------------------------------------------------- non-finite features
+WORKERS = ["config.DATA.NUM_DATALOADER_WORKERS=auto"]  # the default data-loader workers
+
+
+def test_check_finite_names_the_layer_and_the_dataset_index_of_the_first_bad_sample():
+    inds = torch.arange(8, 16)
+    fine = torch.randn(8, 3)
+    bad = fine.clone()
+    bad[2, 1], bad[5, 0] = float("nan"), float("inf")
+    fx.check_finite({"res4": fine, "classes": torch.arange(8)[:, None]}, inds, "TRAIN")
+    with pytest.raises(fx.NonFiniteFeatures, match=r"^the train features of layer res5avg are "
+                                                   r"not finite \(NaN or inf\) at dataset "
+                                                   r"index 10$"):
+        fx.check_finite({"res4": fine, "res5avg": bad}, inds, "TRAIN")
+
+
+def nan_weights(path):
+    """A checkpoint of this engine whose every floating-point weight is NaN."""
+    save_weights(path)
+    state = torch.load(path, weights_only=True)
+    model = state["classy_state_dict"]["base_model"]["model"]
+    for part in model.values():
+        for key, value in part.items():
+            if value.is_floating_point():
+                part[key] = torch.full_like(value, float("nan"))
+    torch.save(state, path)
+
+
+def test_nan_weights_stop_extraction_with_one_line_and_earlier_files_stay(tmp_path):
+    out = tmp_path / "out"
+    first = extract_cli(out, WORKERS)
+    assert first.returncode == 0, first.stderr
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+    weights = tmp_path / "nan.torch"
+    nan_weights(weights)
+
+    proc = extract_cli(out, [*WORKERS, f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}"])
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: the train features of layer res4 are not finite (NaN or inf) at dataset index "
+        "0: the model gives non-finite values with these weights "
+        "(config.MODEL.WEIGHTS_INIT.PARAMS_FILE) or inputs. Its temporary files were removed "
+        "and files of earlier runs left as they were; no split of this run was complete"]
+    after = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+    assert after == before
+    assert not [path.name for path in out.iterdir() if path.name.endswith(".tmp")]
+
+
 # ---------------------------------------------------------------- trunk features, heads, checks
 QUICKSTART_TRUNK_ONLY = [
     "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=true",

@@ -5,9 +5,9 @@ row at its dataset index in the final files.
 Memory stays bounded by a few batches (ranks) and a chunk (the merge), whatever the dataset
 size. Final names are only given, by rename, to complete files: an extraction killed mid-way
 leaves temporary files (dot-prefixed, overwritten by the next run) and no final-named file.
-A write that fails (a full disk) removes the temporary files and ends with one ExtractionError
-naming the splits already complete; the files of earlier runs are only replaced by complete
-ones.
+A write that fails (a full disk), or a feature that is not finite (NaN or infinite weights),
+removes the temporary files and ends with one ExtractionError naming the splits already
+complete; the files of earlier runs are only replaced by complete ones.
 
 The files of a split are named by a ``paths(folder, split, layer) -> {"features", "targets",
 "inds": path}`` function: ``extracted_paths`` (``<split>_<layer>_<kind>.npy``) by default.
@@ -312,17 +312,46 @@ def _remove_temporaries(folder: Path, split: str, layers: Sequence[str], tags,
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
 
 
+def _complete(folder: Path, done: Sequence[str]) -> str:
+    """What this run completed before it stopped, for the messages."""
+    return (f"the {', '.join(s.lower() for s in done)} features are complete in {folder}"
+            if done else "no split of this run was complete")
+
+
 def write_failure(err: OSError, folder: Path, split: str, done: Sequence[str]) -> ExtractionError:
     """The one message of an extraction stopped by a failing write of ``split``'s files."""
     reason = err.strerror or str(err)
     if err.errno in errno.errorcode:
         reason = f"{reason} ({errno.errorcode[err.errno]})"
-    complete = (f"the {', '.join(s.lower() for s in done)} features are complete in {folder}"
-                if done else "no split of this run was complete")
     return ExtractionError(
         f"could not write the {split.lower()} features to {folder}: {reason}. Its temporary "
-        f"files were removed and files of earlier runs left as they were; {complete}. Free "
-        "space and run the extraction again"
+        f"files were removed and files of earlier runs left as they were; "
+        f"{_complete(folder, done)}. Free space and run the extraction again"
+    )
+
+
+class NonFiniteFeatures(ExtractionError):
+    """A batch of features holds NaN or infinite values."""
+
+
+def check_finite(features: Dict[str, torch.Tensor], inds: torch.Tensor, split: str) -> None:
+    """NonFiniteFeatures when a layer of this batch holds a NaN or infinite value, naming the
+    layer and the dataset index of its first such sample (one test per layer and batch)."""
+    for layer, rows in features.items():
+        if not rows.is_floating_point() or torch.isfinite(rows).all():
+            continue
+        first = int(torch.isfinite(rows).flatten(1).all(dim=1).logical_not().nonzero()[0, 0])
+        raise NonFiniteFeatures(f"the {split.lower()} features of layer {layer} are not finite "
+                                f"(NaN or inf) at dataset index {int(inds[first])}")
+
+
+def non_finite_failure(err: NonFiniteFeatures, folder: Path, split: str,
+                       done: Sequence[str]) -> ExtractionError:
+    """The one message of an extraction stopped by a non-finite feature of ``split``."""
+    return ExtractionError(
+        f"{err}: the model gives non-finite values with these weights "
+        "(config.MODEL.WEIGHTS_INIT.PARAMS_FILE) or inputs. Its temporary files were removed "
+        f"and files of earlier runs left as they were; {_complete(folder, done)}"
     )
 
 
@@ -337,6 +366,7 @@ def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder:
     start = time.perf_counter()
     try:
         for features, targets, inds in feature_batches(features_fn, batches, device):
+            check_finite(features, inds, split)
             writer.append(features, targets, inds)
         writer.close()
     except BaseException:
@@ -408,6 +438,8 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
             if get_rank() == 0 and signature:
                 write_signature(folder, cfg, split)
         except Exception as err:
+            if isinstance(err, NonFiniteFeatures):
+                raise non_finite_failure(err, folder, split, list(written)) from None
             if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
                 raise write_failure(err, folder, split, list(written)) from None
             # anything else, a ConnectionResetError (an OSError) from a dying worker included
