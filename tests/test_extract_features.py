@@ -1,4 +1,6 @@
 """The extract_features engine: files, order, 1 vs 2 processes, weights, errors, interruption."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -346,6 +348,46 @@ def test_nan_weights_stop_extraction_with_one_line_and_earlier_files_stay(tmp_pa
     after = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
     assert after == before
     assert not [path.name for path in out.iterdir() if path.name.endswith(".tmp")]
+
+
+# ---------------------------------------------------------------- the folder's files and index
+def split_npy(folder, split):
+    return sorted(path.name for path in folder.glob(f"{split}_*.npy"))
+
+
+def test_a_new_extraction_removes_the_layers_it_does_not_write_and_lists_its_files(tmp_path):
+    out = tmp_path / "out"
+    first = extract_cli(out, WORKERS)
+    assert first.returncode == 0, first.stderr
+    test_files = {name: (out / name).read_bytes() for name in split_npy(out, "test")}
+    assert len(test_files) == 6
+    others = {"notes.txt": b"mine", "train_res4_features.npy.bak": b"a copy",
+              "train_res4.npy": b"other naming", "train_heads_predictions.npy": b"label",
+              "train_heads_targets.npy": b"predictions"}
+    for name, content in others.items():
+        (out / name).write_bytes(content)
+
+    # only res5avg, of fewer samples, of the train split only
+    proc = extract_cli(out, [*WORKERS, "config.EXTRACT_FEATURES.SPLITS=[TRAIN]",
+                             "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
+                             "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP="
+                             "[[res5avg,[Identity,[]]]]"])
+    assert proc.returncode == 0, proc.stderr
+    written = ["train_res5avg_features.npy", "train_res5avg_inds.npy",
+               "train_res5avg_targets.npy"]
+    assert [name for name in split_npy(out, "train") if name not in others] == written
+    assert load_extracted(out, "train", "res5avg").features.shape == (16, DIMS["res5avg"])
+    assert (f"removed from {out} the train files of an earlier extraction that this one did not "
+            "write: train_res4_features.npy, train_res4_targets.npy, train_res4_inds.npy"
+            ) in proc.stdout
+    index = json.loads((out / "train_extraction.json").read_text())
+    assert sorted(index["files"]) == written
+    assert index["layers"] == ["res5avg"] and index["samples"] == 16
+    # what is not the extraction's, and the split it did not extract, are left as they were
+    assert {name: (out / name).read_bytes() for name in others} == others
+    assert {name: (out / name).read_bytes() for name in split_npy(out, "test")} == test_files
+    test_index = json.loads((out / "test_extraction.json").read_text())
+    assert sorted(test_index["files"]) == sorted(test_files)
 
 
 # ---------------------------------------------------------------- trunk features, heads, checks
