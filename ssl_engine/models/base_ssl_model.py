@@ -272,27 +272,29 @@ def check_trainable(model: BaseSSLMultiInputOutputModel) -> None:
     nothing to optimize), naming the MODEL.FEATURE_EVAL_SETTINGS that froze it."""
     if any(param.requires_grad for param in model.parameters()):
         return
-    settings = model.eval_settings
+    settings, key = model.eval_settings, f"config.{SETTINGS}"
     if settings.freeze_trunk_and_head:
-        why = "FREEZE_TRUNK_AND_HEAD=true freezes the whole model"
+        why = f"{key}.FREEZE_TRUNK_AND_HEAD=true freezes the whole model"
     elif settings.trunk_only:
-        why = ("FREEZE_TRUNK_ONLY=true freezes the trunk, and EVAL_MODE_ON=true with "
+        why = (f"{key}.FREEZE_TRUNK_ONLY=true freezes the trunk, and EVAL_MODE_ON=true with "
                "EXTRACT_TRUNK_FEATURES_ONLY=true builds no head (a trunk feature extractor, for "
                "engine_name=extract_features): set EXTRACT_TRUNK_FEATURES_ONLY=false to train "
                "the heads of config.MODEL.HEAD.PARAMS")
+    elif settings.freeze_trunk_only:
+        why = (f"{key}.FREEZE_TRUNK_ONLY=true freezes the trunk, and config.MODEL.HEAD.PARAMS "
+               "has no head")
     else:
-        why = "FREEZE_TRUNK_ONLY=true freezes the trunk, and config.MODEL.HEAD.PARAMS has no head"
-    raise ValueError(f"nothing to train: no parameter of the model requires gradients "
-                     f"(config.{SETTINGS}.{why})")
+        why = "the model has no parameter"
+    raise ValueError(f"nothing to train: no parameter of the model requires gradients ({why})")
 
 
 def check_model_config(model_cfg) -> Optional[BaseSSLMultiInputOutputModel]:
     """Before launch: build the model on the meta device (no memory, no weights), so that every
     setting the model refuses (trunk settings, heads, the stages and pool ops of
     MODEL.FEATURE_EVAL_SETTINGS, the heads it evaluates) raises its ValueError here rather than
-    in every process. Returns the model, for checks that need its layers; None
-    when a trunk or head cannot be built on the meta device (one that reads tensor values while
-    it is built): the processes then check as they build it."""
+    in every process. Returns the model, for checks that need its layers; None when a trunk or
+    head cannot be built on the meta device (one that reads tensor values while it is built):
+    the processes then check as they build it."""
     try:
         with torch.device("meta"):
             return build_model(model_cfg)
