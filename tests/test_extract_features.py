@@ -1,4 +1,6 @@
 """The extract_features engine: files, order, 1 vs 2 processes, weights, errors, interruption."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -205,7 +207,7 @@ def test_command_line_refuses_unwritable_output_before_starting(tmp_path):
 
 
 # ---------------------------------------------------------------- safety, from the command line
-def extract_cli(folder, overrides=(), env=None):
+def extract_cli(folder, overrides=(), env=None, base=(CONFIG, *TINY)):
     import os
     import subprocess
     import sys
@@ -213,11 +215,11 @@ def extract_cli(folder, overrides=(), env=None):
 
     repo = Path(__file__).resolve().parents[1]
     return subprocess.run(
-        [sys.executable, str(repo / "tools/run_distributed_engines.py"), CONFIG,
-         "engine_name=extract_features", *TINY, f"config.CHECKPOINT.DIR={folder}",
-         *overrides],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(repo / "tests"), **(env or {})},
+        [sys.executable, str(repo / "tools/run_distributed_engines.py"), *base,
+         "engine_name=extract_features", f"config.CHECKPOINT.DIR={folder}", *overrides],
+        capture_output=True, text=True, timeout=300,  # the engine of this checkout, test plugins
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "tests"), str(repo)]),
+             **(env or {})},
     )
 
 
@@ -298,3 +300,161 @@ def test_dead_data_loader_worker_ends_extraction_with_one_message(tmp_path):
         "error: a data-loader worker died while reading config.DATA.TRAIN (data sources "
         "['worker_killing_synthetic']): DataLoader worker (pid"), proc.stderr
     assert final_names(out) == [] and not list(out.glob(".*.tmp"))
+
+
+# ---------------------------------------------------------------- non-finite features
+WORKERS = ["config.DATA.NUM_DATALOADER_WORKERS=auto"]  # the default data-loader workers
+
+
+def test_check_finite_names_the_layer_and_the_dataset_index_of_the_first_bad_sample():
+    inds = torch.arange(8, 16)
+    fine = torch.randn(8, 3)
+    bad = fine.clone()
+    bad[2, 1], bad[5, 0] = float("nan"), float("inf")
+    fx.check_finite({"res4": fine, "classes": torch.arange(8)[:, None]}, inds, "TRAIN")
+    with pytest.raises(fx.NonFiniteFeatures, match=r"^the train features of layer res5avg are "
+                                                   r"not finite \(NaN or inf\) at dataset "
+                                                   r"index 10$"):
+        fx.check_finite({"res4": fine, "res5avg": bad}, inds, "TRAIN")
+
+
+def nan_weights(path):
+    """A checkpoint of this engine whose every floating-point weight is NaN."""
+    save_weights(path)
+    state = torch.load(path, weights_only=True)
+    model = state["classy_state_dict"]["base_model"]["model"]
+    for part in model.values():
+        for key, value in part.items():
+            if value.is_floating_point():
+                part[key] = torch.full_like(value, float("nan"))
+    torch.save(state, path)
+
+
+def test_nan_weights_stop_extraction_with_one_line_and_earlier_files_stay(tmp_path):
+    out = tmp_path / "out"
+    first = extract_cli(out, WORKERS)
+    assert first.returncode == 0, first.stderr
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+    weights = tmp_path / "nan.torch"
+    nan_weights(weights)
+
+    proc = extract_cli(out, [*WORKERS, f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}"])
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: the train features of layer res4 are not finite (NaN or inf) at dataset index "
+        "0: the model gives non-finite values with these weights "
+        "(config.MODEL.WEIGHTS_INIT.PARAMS_FILE) or inputs. Its temporary files were removed "
+        "and files of earlier runs left as they were; no split of this run was complete"]
+    after = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
+    assert after == before
+    assert not [path.name for path in out.iterdir() if path.name.endswith(".tmp")]
+
+
+# ---------------------------------------------------------------- the folder's files and index
+def split_npy(folder, split):
+    return sorted(path.name for path in folder.glob(f"{split}_*.npy"))
+
+
+def test_a_new_extraction_removes_the_layers_it_does_not_write_and_lists_its_files(tmp_path):
+    out = tmp_path / "out"
+    first = extract_cli(out, WORKERS)
+    assert first.returncode == 0, first.stderr
+    test_files = {name: (out / name).read_bytes() for name in split_npy(out, "test")}
+    assert len(test_files) == 6
+    others = {"notes.txt": b"mine", "train_res4_features.npy.bak": b"a copy",
+              "train_res4.npy": b"other naming", "train_heads_predictions.npy": b"label",
+              "train_heads_targets.npy": b"predictions"}
+    for name, content in others.items():
+        (out / name).write_bytes(content)
+
+    # only res5avg, of fewer samples, of the train split only
+    proc = extract_cli(out, [*WORKERS, "config.EXTRACT_FEATURES.SPLITS=[TRAIN]",
+                             "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
+                             "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP="
+                             "[[res5avg,[Identity,[]]]]"])
+    assert proc.returncode == 0, proc.stderr
+    written = ["train_res5avg_features.npy", "train_res5avg_inds.npy",
+               "train_res5avg_targets.npy"]
+    assert [name for name in split_npy(out, "train") if name not in others] == written
+    assert load_extracted(out, "train", "res5avg").features.shape == (16, DIMS["res5avg"])
+    assert (f"removed from {out} the train files of an earlier extraction that this one did not "
+            "write: train_res4_features.npy, train_res4_targets.npy, train_res4_inds.npy"
+            ) in proc.stdout
+    index = json.loads((out / "train_extraction.json").read_text())
+    assert sorted(index["files"]) == written
+    assert index["layers"] == ["res5avg"] and index["samples"] == 16
+    # what is not the extraction's, and the split it did not extract, are left as they were
+    assert {name: (out / name).read_bytes() for name in others} == others
+    assert {name: (out / name).read_bytes() for name in split_npy(out, "test")} == test_files
+    test_index = json.loads((out / "test_extraction.json").read_text())
+    assert sorted(test_index["files"]) == sorted(test_files)
+
+
+# ---------------------------------------------------------------- trunk features, heads, checks
+QUICKSTART_TRUNK_ONLY = [
+    "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=true",
+    "config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true",
+    "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res5avg,[Identity,[]]]]",
+    "config.DATA.TRAIN.DATA_LIMIT=24", "config.DATA.TEST.DATA_LIMIT=24",
+    "config.EXTRACT_FEATURES.SPLITS=[TRAIN]",
+]
+
+
+@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam"])
+def test_trunk_only_extraction_of_a_config_with_projector_and_predictor_builds_no_head(
+        tmp_path, method):
+    from ssl_engine.engines.launcher import check_before_launch
+
+    engine_name, cfg = load_config([f"config=quickstart/{method}_digits",
+                                    "engine_name=extract_features", *QUICKSTART_TRUNK_ONLY,
+                                    f"config.CHECKPOINT.DIR={tmp_path}"])
+    assert len(cfg.MODEL.HEAD.PARAMS) == 2  # projector and predictor
+    check_before_launch(engine_name, cfg)
+    model = build_model(cfg.MODEL)
+    assert len(model.heads) == 0 and model.extract_layer_names() == ["res5avg"]
+
+
+def test_trunk_only_extraction_from_a_byol_checkpoint_equals_a_headless_one(tmp_path):
+    """The weights file holds the projector and predictor: extracting the trunk features of the
+    quickstart gives what the same extraction with MODEL.HEAD.PARAMS=[] gives."""
+    base = ["config=quickstart/byol_digits", *QUICKSTART_TRUNK_ONLY]
+    _, cfg = load_config(["config=quickstart/byol_digits"])  # as pretrained
+    torch.manual_seed(0)
+    model = build_model(cfg.MODEL)
+    assert len(model.heads) == 2
+    weights = tmp_path / "byol.torch"
+    torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, weights)
+
+    runs = {}
+    for name, extra in (("heads", []), ("headless", ["config.MODEL.HEAD.PARAMS=[]"])):
+        proc = extract_cli(tmp_path / name, [f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}",
+                                             *extra], base=base)
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = load_extracted(tmp_path / name, "train", "res5avg")
+    assert runs["heads"].features.shape == (24, 256)
+    assert np.array_equal(runs["heads"].features, runs["headless"].features)
+
+
+LINEAR_EVAL = ["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false",
+               "config.MODEL.HEAD.PARAMS=[[eval_mlp,{in_channels:64,dims:[64,4]}]]"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (LINEAR_EVAL,
+     "MODEL.HEAD.PARAMS has 1 head(s) but MODEL.FEATURE_EVAL_SETTINGS."
+     "LINEAR_EVAL_FEAT_POOL_OPS_MAP has 2 stage(s) ['res4', 'res5avg']: with "
+     "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON every stage needs its own head, in the same "
+     "order"),
+    (["config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res9,[Identity,[]]]]"],
+     "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP: ResNetTrunk has no stage(s) "
+     "['res9']; its stages are: conv1, res2, res3, res4, res5, res5avg"),
+    (["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false"],
+     "the model has no heads to extract features from; set "
+     "MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"),
+], ids=["heads_and_stages", "unknown_stage", "no_heads"])
+def test_model_settings_that_cannot_extract_are_refused_before_launch(tmp_path, overrides,
+                                                                      message):
+    proc = extract_cli(tmp_path / "out", overrides)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {message}"]
+    assert "init process group" not in proc.stdout

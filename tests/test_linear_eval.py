@@ -60,3 +60,23 @@ def test_linear_eval_on_a_random_frozen_trunk_beats_chance(tmp_path):
     assert set(top1) == {"res4", "res5avg"}
     assert top1["res5avg"] >= 70.0
     assert top1["res4"] >= 70.0
+
+
+def test_a_linear_evaluation_left_with_nothing_to_train_is_refused_before_launch(tmp_path):
+    """EVAL_MODE_ON with EXTRACT_TRUNK_FEATURES_ONLY builds a trunk feature extractor (no
+    head): with the trunk frozen, training it is refused before any process starts."""
+    import pytest
+
+    from ssl_engine.config import load_config
+    from ssl_engine.engines.launcher import check_before_launch
+
+    engine_name, cfg = load_config([
+        LINEAR_DIGITS, f"config.CHECKPOINT.DIR={tmp_path}",
+        "config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true"])
+    with pytest.raises(ValueError, match=r"^nothing to train: no parameter of the model requires "
+                                         r"gradients \(config.MODEL.FEATURE_EVAL_SETTINGS."
+                                         r"FREEZE_TRUNK_ONLY=true freezes the trunk, and "
+                                         r"EVAL_MODE_ON=true with EXTRACT_TRUNK_FEATURES_ONLY="
+                                         r"true builds no head"):
+        check_before_launch(engine_name, cfg)
+    assert not list(tmp_path.iterdir())

@@ -256,7 +256,8 @@ def test_linear_eval_head_on_concat_cls4():
         torch.testing.assert_close(model(x)[0], model.heads[0](features))
     cfg.FEATURE_EVAL_SETTINGS.update(EXTRACT_TRUNK_FEATURES_ONLY=True, FREEZE_TRUNK_AND_HEAD=True)
     extractor = build_model(cfg).eval()
-    extractor.load_state_dict(model.state_dict())
+    assert len(extractor.heads) == 0  # a trunk feature extractor builds no head
+    extractor.trunk.load_state_dict(model.trunk.state_dict())
     with torch.no_grad():
         layers = extractor.extract_layers(x)
     assert list(layers) == ["concatCLS4"]

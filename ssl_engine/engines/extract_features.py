@@ -9,15 +9,20 @@ from ssl_engine.utils.logger import setup_logging
 
 
 def check_extract_config(cfg) -> None:
-    """The splits are known, their data exists, extraction can read one view per image of
-    them, the output folder is writable, and the weights file (MODEL.WEIGHTS_INIT.PARAMS_FILE)
-    loads and holds a state dict."""
+    """The model has layers to extract (trunk stages, or heads), the splits are known, their
+    data exists, extraction can read one view per image of them, the output folder is
+    writable, and the weights file (MODEL.WEIGHTS_INIT.PARAMS_FILE) loads and holds a state
+    dict."""
     from ssl_engine.data import check_data_paths
     from ssl_engine.data.extraction_view import check_extraction_splits
     from ssl_engine.evaluation.extracted import extraction_dir
+    from ssl_engine.models.base_ssl_model import check_model_config
     from ssl_engine.models.weights_init import check_weights_file
     from ssl_engine.trainer.feature_extraction import check_splits, ensure_writable
 
+    model = check_model_config(cfg.MODEL)
+    if model is not None:
+        model.extract_layer_names()  # e.g. heads asked for where the model has none
     splits = check_splits(cfg.EXTRACT_FEATURES.SPLITS)
     for split in splits:
         check_data_paths(cfg, split)

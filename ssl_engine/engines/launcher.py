@@ -77,9 +77,10 @@ def holds_run_lock(cfg: AttrDict) -> bool:
 
 def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
     """The refusals that need the config only (no files): every registered name the config
-    refers to (engine, task, train step, components), the trunk's settings and the task's own
-    checks."""
+    refers to (engine, task, train step, components), the trunk's settings, the model's own
+    (built on the meta device: heads, evaluated stages) and the task's own checks."""
     from ssl_engine.config.registered_names import check_registered_names
+    from ssl_engine.models.base_ssl_model import check_model_config
     from ssl_engine.models.fsdp_names import warn_fsdp_names_without_fsdp_task
     from ssl_engine.models.trunks import check_trunk_config
     from ssl_engine.trainer.train_steps import get_train_step
@@ -91,6 +92,7 @@ def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
     get_engine(engine_name)
     get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
     check_trunk_config(cfg.MODEL)
+    check_model_config(cfg.MODEL)
     task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
     check_task = getattr(task_class, "check_config", None)  # a task's own refusals
     if check_task is not None:

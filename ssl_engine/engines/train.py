@@ -38,12 +38,13 @@ def check_resume_files(cfg) -> None:
 
 def check_train_config(cfg) -> None:
     """The data of every phase exists; the hooks the config asks for accept it; the model has
-    the heads the loss needs; gradient clipping and the weight-decay schedule are valid;
-    CHECKPOINT.DIR is writable and is not another run's; the checkpoint or weights file it
-    starts from loads."""
+    the heads the loss needs and something to train; gradient clipping and the weight-decay
+    schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
+    weights file it starts from loads."""
     from ssl_engine.data import check_data_paths
     from ssl_engine.losses import LOSS_REGISTRY
-    from ssl_engine.models.base_ssl_model import check_output_heads
+    from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
+                                                  check_trainable)
     from ssl_engine.models.sync_bn import check_sync_bn_config
     from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
     from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable_reason
@@ -66,6 +67,9 @@ def check_train_config(cfg) -> None:
     GradClip.from_config(cfg.MODEL.GRAD_CLIP)  # NORM_TYPE and MAX_NORM
     if not cfg.TEST_ONLY:
         build_weight_decay_scheduler(cfg.OPTIMIZER)
+        model = check_model_config(cfg.MODEL)
+        if model is not None:
+            check_trainable(model)
     check_model = getattr(lookup(LOSS_REGISTRY, cfg.LOSS.name, "loss"), "check_model_config", None)
     if check_model is not None:  # e.g. a predictor head the method needs
         check_model(cfg.MODEL)

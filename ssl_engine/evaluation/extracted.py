@@ -6,11 +6,14 @@ process.)
 A split and layer has three files in the extraction folder (``EXTRACT_FEATURES.OUTPUT_DIR``,
 or ``CHECKPOINT.DIR`` when empty): ``<split>_<layer>_features.npy`` (float32, N x D),
 ``<split>_<layer>_targets.npy`` and ``<split>_<layer>_inds.npy`` (int64, N), row i holding
-dataset index i.  The engine only ever gives these names to complete files.
+dataset index i.  The engine only ever gives these names to complete files.  The index of a
+split, ``<split>_extraction.json``, records what its files were extracted from and lists them:
+an extraction of a split leaves the files of its layers only (those of other layers, from an
+earlier extraction into the folder, are removed).
 """
 import json
 from pathlib import Path
-from typing import Dict, NamedTuple
+from typing import Dict, List, NamedTuple, Sequence
 
 import numpy as np
 
@@ -61,17 +64,43 @@ def extraction_signature(cfg, split: str) -> Dict[str, object]:
     }))
 
 
-def write_signature(folder, cfg, split: str) -> None:
-    """Record what the files of ``split`` were extracted from (written after them)."""
+def split_files(folder, split: str, layers: Sequence[str]) -> List[Path]:
+    """The files of ``split`` and ``layers`` (each once, in layer order)."""
+    return list(dict.fromkeys(path for layer in layers
+                              for path in extracted_paths(folder, split, layer).values()))
+
+
+def write_index(folder, cfg, split: str, layers: Sequence[str], num_samples: int) -> None:
+    """Write the index of ``split`` (after its files): what they were extracted from (see
+    ``extraction_signature``), their ``layers``, ``samples`` (rows per file) and ``files``."""
+    record = {**extraction_signature(cfg, split), "layers": list(layers),
+              "samples": int(num_samples),
+              "files": [path.name for path in split_files(folder, split, layers)]}
     path = signature_path(folder, split)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(extraction_signature(cfg, split), indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
     tmp.replace(path)
 
 
+def layers_in(folder, split: str) -> List[str]:
+    """The layers (sorted) of which ``folder`` holds a features file of ``split``."""
+    prefix, suffix = f"{split.lower()}_", "_features.npy"
+    names = [path.name for path in Path(folder).glob(f"{prefix}*{suffix}")]
+    return sorted(name[len(prefix):-len(suffix)] for name in names)
+
+
+def stale_files(folder, split: str, layers: Sequence[str]) -> List[Path]:
+    """The files of ``split`` in ``folder`` of layers other than ``layers``: what an earlier
+    extraction of the split into the folder left (a layer is known by its features file;
+    other files, label predictions included, are not the extraction's)."""
+    others = [layer for layer in layers_in(folder, split) if layer not in layers]
+    return [path for path in split_files(folder, split, others) if path.is_file()]
+
+
 def has_extracted(folder, split: str, layer: str, cfg=None) -> bool:
-    """All three files of ``split`` and ``layer`` exist and, when ``cfg`` is given, were
-    extracted with the same model, weights, data settings and seed as ``cfg`` asks for."""
+    """All three files of ``split`` and ``layer`` exist and, when ``cfg`` is given, the index
+    of the split lists the layer and says it was extracted with the same model, weights, data
+    settings and seed as ``cfg`` asks for."""
     if not all(path.is_file() for path in extracted_paths(folder, split, layer).values()):
         return False
     if cfg is None:
@@ -80,7 +109,9 @@ def has_extracted(folder, split: str, layer: str, cfg=None) -> bool:
         recorded = json.loads(signature_path(folder, split).read_text())
     except (OSError, ValueError):
         return False
-    return recorded == extraction_signature(cfg, split)
+    signature = extraction_signature(cfg, split)
+    return (isinstance(recorded, dict) and layer in recorded.get("layers", ())
+            and {key: recorded.get(key) for key in signature} == signature)
 
 
 def load_extracted(folder, split: str, layer: str, mmap: bool = False) -> ExtractedFeatures:
@@ -95,9 +126,5 @@ def load_extracted(folder, split: str, layer: str, mmap: bool = False) -> Extrac
 
 def extracted_layers(folder, splits) -> list:
     """The layers (sorted) whose three files exist in ``folder`` for every split of ``splits``."""
-    suffix = "_features.npy"
-    first = str(splits[0]).lower() + "_"
-    names = [p.name for p in Path(folder).glob(f"{first}*{suffix}")]
-    layers = sorted(name[len(first):-len(suffix)] for name in names)
-    return [layer for layer in layers if all(has_extracted(folder, split, layer)
-                                             for split in splits)]
+    return [layer for layer in layers_in(folder, splits[0])
+            if all(has_extracted(folder, split, layer) for split in splits)]

@@ -108,18 +108,20 @@ class BaseSSLMultiInputOutputModel(nn.Module):
     outputs the listed stages, each pooled and flattened; head i is applied to stage i and the
     list of the heads' outputs is returned (the pooled features themselves without heads).
     FREEZE_TRUNK_ONLY / FREEZE_TRUNK_AND_HEAD turn off the gradients of the trunk / of
-    everything and keep those parts in eval mode even under ``train()``.
+    everything and keep those parts in eval mode even under ``train()``. With EVAL_MODE_ON and
+    EXTRACT_TRUNK_FEATURES_ONLY the model is a trunk feature extractor: no head is built.
     """
 
     def __init__(self, model_cfg):
         super().__init__()
         self.trunk = MODEL_TRUNKS.get(model_cfg.TRUNK.NAME)(model_cfg)
+        self.eval_settings = FeatureEvalSettings.from_model_cfg(model_cfg)
+        head_params = [] if self.eval_settings.trunk_only else model_cfg.HEAD.PARAMS
         self.heads = nn.ModuleList(
-            build_head(index, entry) for index, entry in enumerate(model_cfg.HEAD.PARAMS)
+            build_head(index, entry) for index, entry in enumerate(head_params)
         )
         set_head_batch_norms(self.heads, model_cfg.HEAD)
         self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
-        self.eval_settings = FeatureEvalSettings.from_model_cfg(model_cfg)
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
         self._check_eval_settings()
         if self.eval_settings.freeze_trunk_and_head:
@@ -263,3 +265,38 @@ class BaseSSLMultiInputOutputModel(nn.Module):
 def build_model(model_cfg) -> BaseSSLMultiInputOutputModel:
     """The SSL model described by ``cfg.MODEL``."""
     return BaseSSLMultiInputOutputModel(model_cfg)
+
+
+def check_trainable(model: BaseSSLMultiInputOutputModel) -> None:
+    """ValueError when no parameter of ``model`` requires gradients (a training run would have
+    nothing to optimize), naming the MODEL.FEATURE_EVAL_SETTINGS that froze it."""
+    if any(param.requires_grad for param in model.parameters()):
+        return
+    settings, key = model.eval_settings, f"config.{SETTINGS}"
+    if settings.freeze_trunk_and_head:
+        why = f"{key}.FREEZE_TRUNK_AND_HEAD=true freezes the whole model"
+    elif settings.trunk_only:
+        why = (f"{key}.FREEZE_TRUNK_ONLY=true freezes the trunk, and EVAL_MODE_ON=true with "
+               "EXTRACT_TRUNK_FEATURES_ONLY=true builds no head (a trunk feature extractor, for "
+               "engine_name=extract_features): set EXTRACT_TRUNK_FEATURES_ONLY=false to train "
+               "the heads of config.MODEL.HEAD.PARAMS")
+    elif settings.freeze_trunk_only:
+        why = (f"{key}.FREEZE_TRUNK_ONLY=true freezes the trunk, and config.MODEL.HEAD.PARAMS "
+               "has no head")
+    else:
+        why = "the model has no parameter"
+    raise ValueError(f"nothing to train: no parameter of the model requires gradients ({why})")
+
+
+def check_model_config(model_cfg) -> Optional[BaseSSLMultiInputOutputModel]:
+    """Before launch: build the model on the meta device (no memory, no weights), so that every
+    setting the model refuses (trunk settings, heads, the stages and pool ops of
+    MODEL.FEATURE_EVAL_SETTINGS, the heads it evaluates) raises its ValueError here rather than
+    in every process. Returns the model, for checks that need its layers; None when a trunk or
+    head cannot be built on the meta device (one that reads tensor values while it is built):
+    the processes then check as they build it."""
+    try:
+        with torch.device("meta"):
+            return build_model(model_cfg)
+    except (NotImplementedError, RuntimeError):  # meta tensors hold no values
+        return None

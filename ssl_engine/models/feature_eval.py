@@ -82,6 +82,14 @@ class FeatureEvalSettings:
         return [stage for stage, _ in self.pool_ops]
 
     @property
+    def trunk_only(self) -> bool:
+        """The model is a trunk feature extractor (EVAL_MODE_ON and EXTRACT_TRUNK_FEATURES_ONLY):
+        it outputs trunk stages only, so the heads of MODEL.HEAD.PARAMS are not built (VISSL's
+        model skips them then; a pretraining config's projector and predictor are not needed
+        to extract its trunk's features)."""
+        return self.eval_mode_on and self.extract_trunk_features_only
+
+    @property
     def heads_per_stage(self) -> bool:
         """Each evaluated stage gets its own head (linear evaluation of several stages)."""
         return self.eval_mode_on and bool(self.pool_ops)

@@ -5,9 +5,11 @@ row at its dataset index in the final files.
 Memory stays bounded by a few batches (ranks) and a chunk (the merge), whatever the dataset
 size. Final names are only given, by rename, to complete files: an extraction killed mid-way
 leaves temporary files (dot-prefixed, overwritten by the next run) and no final-named file.
-A write that fails (a full disk) removes the temporary files and ends with one ExtractionError
-naming the splits already complete; the files of earlier runs are only replaced by complete
-ones.
+A write that fails (a full disk), or a feature that is not finite (NaN or infinite weights),
+removes the temporary files and ends with one ExtractionError naming the splits already
+complete; the files of earlier runs are only replaced by complete ones. Once a split is
+complete, the files an earlier extraction left of other layers of it are removed and the
+split's index lists the files there are (``ssl_engine/evaluation/extracted.py``).
 
 The files of a split are named by a ``paths(folder, split, layer) -> {"features", "targets",
 "inds": path}`` function: ``extracted_paths`` (``<split>_<layer>_<kind>.npy``) by default.
@@ -30,7 +32,8 @@ import numpy as np
 import torch
 
 from ssl_engine.data.loader import stop_workers, worker_death_error
-from ssl_engine.evaluation.extracted import extracted_paths, signature_path, write_signature
+from ssl_engine.evaluation.extracted import (extracted_paths, signature_path, stale_files,
+                                             write_index)
 from ssl_engine.evaluation.features import feature_batches
 from ssl_engine.utils.distributed import (broadcast_object, get_rank, get_world_size,
                                           is_distributed)
@@ -312,17 +315,46 @@ def _remove_temporaries(folder: Path, split: str, layers: Sequence[str], tags,
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
 
 
+def _complete(folder: Path, done: Sequence[str]) -> str:
+    """What this run completed before it stopped, for the messages."""
+    return (f"the {', '.join(s.lower() for s in done)} features are complete in {folder}"
+            if done else "no split of this run was complete")
+
+
 def write_failure(err: OSError, folder: Path, split: str, done: Sequence[str]) -> ExtractionError:
     """The one message of an extraction stopped by a failing write of ``split``'s files."""
     reason = err.strerror or str(err)
     if err.errno in errno.errorcode:
         reason = f"{reason} ({errno.errorcode[err.errno]})"
-    complete = (f"the {', '.join(s.lower() for s in done)} features are complete in {folder}"
-                if done else "no split of this run was complete")
     return ExtractionError(
         f"could not write the {split.lower()} features to {folder}: {reason}. Its temporary "
-        f"files were removed and files of earlier runs left as they were; {complete}. Free "
-        "space and run the extraction again"
+        f"files were removed and files of earlier runs left as they were; "
+        f"{_complete(folder, done)}. Free space and run the extraction again"
+    )
+
+
+class NonFiniteFeatures(ExtractionError):
+    """A batch of features holds NaN or infinite values."""
+
+
+def check_finite(features: Dict[str, torch.Tensor], inds: torch.Tensor, split: str) -> None:
+    """NonFiniteFeatures when a layer of this batch holds a NaN or infinite value, naming the
+    layer and the dataset index of its first such sample (one test per layer and batch)."""
+    for layer, rows in features.items():
+        if not rows.is_floating_point() or torch.isfinite(rows).all():
+            continue
+        first = int(torch.isfinite(rows).flatten(1).all(dim=1).logical_not().nonzero()[0, 0])
+        raise NonFiniteFeatures(f"the {split.lower()} features of layer {layer} are not finite "
+                                f"(NaN or inf) at dataset index {int(inds[first])}")
+
+
+def non_finite_failure(err: NonFiniteFeatures, folder: Path, split: str,
+                       done: Sequence[str]) -> ExtractionError:
+    """The one message of an extraction stopped by a non-finite feature of ``split``."""
+    return ExtractionError(
+        f"{err}: the model gives non-finite values with these weights "
+        "(config.MODEL.WEIGHTS_INIT.PARAMS_FILE) or inputs. Its temporary files were removed "
+        f"and files of earlier runs left as they were; {_complete(folder, done)}"
     )
 
 
@@ -337,6 +369,7 @@ def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder:
     start = time.perf_counter()
     try:
         for features, targets, inds in feature_batches(features_fn, batches, device):
+            check_finite(features, inds, split)
             writer.append(features, targets, inds)
         writer.close()
     except BaseException:
@@ -372,17 +405,30 @@ def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder:
         _remove_temporaries(folder, split, layers, tags, paths)
 
 
+def remove_stale_files(folder: Path, split: str, layers: Sequence[str]) -> None:
+    """Remove the files an earlier extraction of ``split`` left of layers other than
+    ``layers`` (those of extracted_paths' naming only), saying which."""
+    stale = stale_files(folder, split, layers)
+    for path in stale:
+        path.unlink()
+    if stale:
+        logger.info("removed from %s the %s files of an earlier extraction that this one did "
+                    "not write: %s", folder, split.lower(), ", ".join(p.name for p in stale))
+
+
 def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
                      device: torch.device, folder: Path, layers: Optional[Sequence[str]] = None,
                      features_fn: Optional[Callable] = None, paths: PathsFn = extracted_paths,
-                     signature: bool = True) -> Dict[str, Dict[str, Dict[str, Path]]]:
+                     index: bool = True) -> Dict[str, Dict[str, Dict[str, Path]]]:
     """Write ``<split>_<layer>_{features,targets,inds}.npy`` into ``folder`` for every dataset
     (split -> dataset) and every layer of ``model.extract_layer_names()``; return their paths.
 
     ``model`` is put in eval mode with gradients off; each rank reads its share of every split
     (no shuffling, no dropped samples). Other outputs: ``features_fn(inputs) -> {layer: rows}``
-    for ``layers``, into the files named by ``paths``; ``signature``: record what the files
-    depend on (``<split>_extraction.json``, read by the evaluation tools)."""
+    for ``layers``, into the files named by ``paths``. ``index`` (for the files of
+    extracted_paths' naming): each split owns its files of that naming in ``folder``; once it
+    is complete the files of other layers are removed and ``<split>_extraction.json`` records
+    what the files depend on and lists them (read by the evaluation tools)."""
     from ssl_engine.config import AttrDict
     from ssl_engine.data import build_dataloader
     from ssl_engine.utils.cpu_budget import loader_workers
@@ -397,17 +443,20 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
         loader = build_dataloader(dataset, split_cfg, num_workers=loader_workers(cfg),
                                   pin_memory=cfg.DATA.PIN_MEMORY and device.type == "cuda",
                                   epoch=0, seed=cfg.SEED_VALUE, shuffle=False)
-        if get_rank() == 0 and signature:  # files being replaced no longer match the
-            signature_path(folder, split).unlink(missing_ok=True)  # recorded signature
+        if get_rank() == 0 and index:  # files being replaced no longer match the index
+            signature_path(folder, split).unlink(missing_ok=True)
         logger.info("extracting %s (%d samples) layers %s into %s", split.lower(), len(dataset),
                     ", ".join(layers), folder)
         batches = iter(loader)
         try:
             extract_split(features_fn, batches, layers, folder, split, len(dataset),
                           len(loader.sampler), device, paths)
-            if get_rank() == 0 and signature:
-                write_signature(folder, cfg, split)
+            if get_rank() == 0 and index:
+                remove_stale_files(folder, split, layers)
+                write_index(folder, cfg, split, layers, len(dataset))
         except Exception as err:
+            if isinstance(err, NonFiniteFeatures):
+                raise non_finite_failure(err, folder, split, list(written)) from None
             if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
                 raise write_failure(err, folder, split, list(written)) from None
             # anything else, a ConnectionResetError (an OSError) from a dying worker included

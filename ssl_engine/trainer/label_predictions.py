@@ -122,7 +122,7 @@ def extract_label_predictions(model: torch.nn.Module, datasets: Dict[str, object
 
     layers = [f"{output}:{kind}" for output in outputs for kind in KINDS]
     written = extract_features(model, datasets, cfg, device, folder, layers=layers,
-                               features_fn=predict, paths=prediction_paths, signature=False)
+                               features_fn=predict, paths=prediction_paths, index=False)
     result = {}
     for split, per_layer in written.items():
         result[split] = {}

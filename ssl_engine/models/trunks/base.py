@@ -5,6 +5,13 @@ import torch
 from torch import nn
 
 
+def drop_path_rates(rate: float, num_blocks: int) -> List[float]:
+    """The stochastic-depth rate of each of ``num_blocks`` blocks, rising linearly from 0 to
+    ``rate``. Computed on the CPU whatever the default device, so that a model built on the
+    meta device (the checks before launch) builds as it does for real."""
+    return torch.linspace(0, rate, num_blocks, device="cpu").tolist()
+
+
 class StagedTrunk(nn.Module):
     """A trunk whose forward returns the outputs of named stages.
 

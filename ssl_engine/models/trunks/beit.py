@@ -52,7 +52,7 @@ from torchvision.ops import StochasticDepth
 
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
-from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import Mlp, init_linear_and_norms
 
 CONFIG = "config.MODEL.TRUNK.BEIT"
@@ -269,7 +269,7 @@ class BEiTTrunk(StagedTrunk):
         self.pos_drop = nn.Dropout(drop)
         self.rel_pos_bias = (RelativePositionBias(grid, heads)
                              if cfg.USE_SHARED_REL_POS_BIAS else None)
-        drop_paths = torch.linspace(0, _number(cfg, "DROP_PATH_RATE"), depth).tolist()
+        drop_paths = drop_path_rates(_number(cfg, "DROP_PATH_RATE"), depth)
         self.blocks = nn.ModuleList(
             Block(dim, heads, int(dim * float(cfg.MLP_RATIO)), bool(cfg.QKV_BIAS), scale, drop,
                   _number(cfg, "ATTENTION_DROPOUT_RATE"), drop_paths[i],

@@ -58,7 +58,7 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import (checkpointed_segments,
                                                         checkpointing_splits)
 from ssl_engine.models.registry import register_model_trunk
-from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import init_linear_and_norms
 
 VIT = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
@@ -260,7 +260,7 @@ class ConViTTrunk(StagedTrunk):
         self.class_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embedding = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], dim))
         self.pos_drop = nn.Dropout(drop)
-        rates = torch.linspace(0, _rate(vit, VIT, "DROP_PATH_RATE"), depth).tolist()
+        rates = drop_path_rates(_rate(vit, VIT, "DROP_PATH_RATE"), depth)
         blocks = []
         for i in range(depth):
             if i < self.n_gpsa_layers:

@@ -25,7 +25,7 @@ from torchvision.ops import StochasticDepth
 
 from ssl_engine.models.activation_checkpointing import checkpointed_segments, checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
-from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 
 CONFIG = "config.MODEL.TRUNK.CONVNEXT"
 NORM_EPS = 1e-6
@@ -97,7 +97,7 @@ class ConvNeXtTrunk(StagedTrunk):
             self.downsample_layers.append(nn.Sequential(
                 ChannelsFirstLayerNorm(dims[i - 1], eps=NORM_EPS),
                 nn.Conv2d(dims[i - 1], dims[i], kernel_size=2, stride=2)))
-        rates = torch.linspace(0, float(cfg.DROP_PATH_RATE), sum(depths)).tolist()
+        rates = drop_path_rates(float(cfg.DROP_PATH_RATE), sum(depths))
         stages = []
         for i in range(NUM_STAGES):
             first = sum(depths[:i])

@@ -48,7 +48,7 @@ from torchvision.ops import StochasticDepth
 
 from ssl_engine.models.activation_checkpointing import checkpointed_segments, checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
-from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import Mlp, config_number, init_linear_and_norms
 
 CONFIG = "config.MODEL.TRUNK.SWIN_TRANSFORMER"
@@ -297,8 +297,7 @@ class SwinTransformerTrunk(StagedTrunk):
         attn_drop = _number(cfg, "ATTENTION_DROPOUT_RATE", allow_false=True)
         scale = _number(cfg, "QK_SCALE", allow_false=True) or None
         mlp_ratio = _number(cfg, "MLP_RATIO")
-        rates = torch.linspace(0, _number(cfg, "DROP_PATH_RATE", allow_false=True),
-                               sum(depths)).tolist()
+        rates = drop_path_rates(_number(cfg, "DROP_PATH_RATE", allow_false=True), sum(depths))
         grid = int(cfg.IMAGE_SIZE) // int(cfg.PATCH_SIZE)
         self.patch_embed = PatchEmbed(int(cfg.PATCH_SIZE), dim)
         self.pos_drop = nn.Dropout(drop)
