@@ -46,6 +46,7 @@ DEPTHS = {"resnet50": 50, "resnet18": 18}  # the workloads with a bare loop
 BARE = {"bare fp32": [], "bare bf16 + channels_last": ["--bf16", "--channels-last"]}
 VARIANTS = {
     "engine fp32": [],
+    "engine fp32, malloc defaults": ["config.MACHINE.REUSE_FREED_MEMORY=false"],
     "channels_last": [CL],
     "bf16 autocast": [AMP],
     "compile": [COMPILE],
