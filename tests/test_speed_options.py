@@ -12,7 +12,7 @@ from ssl_engine.hooks.log_hooks import batch_counts
 from ssl_engine.losses import build_loss
 from ssl_engine.models import build_model
 from ssl_engine.trainer.amp import MixedPrecision, amp_dtype, float32_outputs
-from ssl_engine.utils.cpu_budget import auto_workers, compute_threads
+from ssl_engine.utils.cpu_budget import auto_workers, compute_threads, processes_on_this_machine
 
 QUICK = ["config=test/quick_simclr_synthetic", "config.CHECKPOINT.DIR=/tmp/unused"]
 
@@ -169,6 +169,14 @@ def test_auto_workers_follow_the_cores():
     assert auto_workers(32, "cpu") == 8 and compute_threads(32, 8, auto=True) == 24
     assert auto_workers(16, "gpu") == 8 and auto_workers(1, "gpu") == 0
     assert compute_threads(32, 2, auto=False) == 32  # explicit workers: torch keeps the cores
+
+
+def test_processes_under_torchrun_share_the_cores_as_spawned_ones_do(monkeypatch):
+    cfg = load_config(["config=test/quick_simclr_synthetic"])[1]  # NUM_PROC_PER_NODE 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert processes_on_this_machine(cfg) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun --nproc_per_node=2
+    assert processes_on_this_machine(cfg) == 2
 
 
 @pytest.mark.parametrize("value, ok", [("auto", True), (3, True), ("many", False), (-1, False)])

@@ -11,6 +11,13 @@ def cores_available() -> int:
         return os.cpu_count() or 1
 
 
+def processes_on_this_machine(cfg) -> int:
+    """The training processes sharing this machine: torchrun's LOCAL_WORLD_SIZE when torchrun
+    started them (the config then says nothing about it), else DISTRIBUTED.NUM_PROC_PER_NODE."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(local) if local else int(cfg.DISTRIBUTED.NUM_PROC_PER_NODE)
+
+
 def cores_per_process(procs_per_node: int) -> int:
     return max(1, cores_available() // max(1, int(procs_per_node)))
 
@@ -40,7 +47,7 @@ def loader_workers(cfg) -> int:
     """config.DATA.NUM_DATALOADER_WORKERS as a number (``auto`` resolved for this machine)."""
     workers = cfg.DATA.NUM_DATALOADER_WORKERS
     if workers == "auto":
-        cores = cores_per_process(cfg.DISTRIBUTED.NUM_PROC_PER_NODE)
+        cores = cores_per_process(processes_on_this_machine(cfg))
         return auto_workers(cores, cfg.MACHINE.DEVICE)
     return int(workers)
 
@@ -50,7 +57,7 @@ def configure_threads(cfg) -> str:
     under ``auto``); returns the choice in words, for the log."""
     import torch
 
-    cores = cores_per_process(cfg.DISTRIBUTED.NUM_PROC_PER_NODE)
+    cores = cores_per_process(processes_on_this_machine(cfg))
     workers = loader_workers(cfg)
     auto = cfg.DATA.NUM_DATALOADER_WORKERS == "auto"
     text = (f"{workers} data-loading worker(s) per process"
