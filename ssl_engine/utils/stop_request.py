@@ -71,42 +71,13 @@ def _in_main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def stop_signals(shared=None):
-    """While the block runs, a first SIGTERM or SIGINT is noted for the training loop instead
-    of ending the process; ``shared`` is the launcher's shared value, set when the launcher got
-    the signal. Outside the main thread signals cannot be caught: nothing changes."""
-    global _received, _shared
+def _stop_handler(handler):
+    """``handler`` for SIGTERM and SIGINT while the block runs, the previous ones after it.
+    Outside the main thread signals cannot be caught: nothing changes."""
     if not _in_main_thread():
         yield
         return
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    _received, _shared = None, shared
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _note)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        _received, _shared = None, None
-
-
-@contextlib.contextmanager
-def launcher_stop_signals(shared, abort: Callable[[int], None]):
-    """In a launcher that started the run's processes: a first SIGTERM or SIGINT is written to
-    ``shared`` (a value its processes read at their stop points); a second one calls
-    ``abort(signum)``."""
-    if not _in_main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-
-    def handler(signum, frame):
-        if shared.value:
-            abort(signum)
-        else:
-            shared.value = signum
-
     for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     try:
@@ -114,6 +85,33 @@ def launcher_stop_signals(shared, abort: Callable[[int], None]):
     finally:
         for sig, handler_before in previous.items():
             signal.signal(sig, handler_before)
+
+
+@contextlib.contextmanager
+def stop_signals(shared=None):
+    """While the block runs, a first SIGTERM or SIGINT is noted for the training loop instead
+    of ending the process; ``shared`` is the launcher's shared value, set when the launcher got
+    the signal. Outside the main thread signals cannot be caught: nothing changes."""
+    global _received, _shared
+    _received, _shared = None, shared
+    try:
+        with _stop_handler(_note):
+            yield
+    finally:
+        _received, _shared = None, None
+
+
+def launcher_stop_signals(shared, abort: Callable[[int], None]):
+    """In a launcher that started the run's processes (a context manager): a first SIGTERM or
+    SIGINT is written to ``shared`` (a value its processes read at their stop points); a second
+    one calls ``abort(signum)``."""
+    def handler(signum, frame):
+        if shared.value:
+            abort(signum)
+        else:
+            shared.value = signum
+
+    return _stop_handler(handler)
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:
