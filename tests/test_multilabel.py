@@ -82,8 +82,13 @@ def test_labels_of_different_shapes_in_a_batch_are_refused_naming_the_label_file
 
     cfg = make_cfg(LABEL_PATHS=["/data/voc/labels.npy"], BATCHSIZE_PER_REPLICA=3)
     loader = build_dataloader(Listed(), cfg.DATA.TRAIN, 0, False, epoch=0, shuffle=False)
-    with pytest.raises(MixedLabelShapes, match=r"LABEL_PATHS\): /data/voc/labels.npy"):
+    with pytest.raises(MixedLabelShapes, match=r"LABEL_PATHS\): /data/voc/labels.npy") as alone:
         next(iter(loader))
+    # from a data-loader worker: the same one message, not torch's report with its traceback
+    with_workers = build_dataloader(Listed(), cfg.DATA.TRAIN, 2, False, epoch=0, shuffle=False)
+    with pytest.raises(MixedLabelShapes) as in_worker:
+        next(iter(with_workers))
+    assert str(in_worker.value) == str(alone.value)
     with pytest.raises(ValueError, match="cutmixup_collator mixes one class per image"):
         build_collator("cutmixup_collator", {"num_classes": 3})([samples[0], samples[0]])
 

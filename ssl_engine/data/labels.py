@@ -6,9 +6,12 @@ from typing import Any, List
 import numpy as np
 import torch
 
+from ssl_engine.data.worker_errors import OneMessageError
 
-class MixedLabelShapes(ValueError):
-    """The samples of one batch have labels of different shapes."""
+
+class MixedLabelShapes(OneMessageError, ValueError):
+    """The samples of one batch have labels of different shapes (the same message from a
+    data-loader worker)."""
 
 
 def sample_label(value: Any):

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.utils import rng
 from ssl_engine.data.datasources.image_io import ImageLoadError
+from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_death_error
 from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.trainer.cuda_cache import CudaCacheClearer
@@ -26,10 +27,10 @@ from ssl_engine.utils.stop_request import RunStopped, StopRequest, signal_name
 logger = logging.getLogger(__name__)
 
 # Errors a user causes (bad data, a diverging run, an unreadable or unsafe checkpoint, a weights
-# file that does not fit, a full disk, a dead data-loader worker), reported as one message,
-# beside what was already saved.
+# file that does not fit, a full disk, a dead data-loader worker, labels of different shapes),
+# reported as one message beside what was already saved.
 USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError, WeightsInitError,
-               DataWorkerDiedError)
+               DataWorkerDiedError, MixedLabelShapes)
 RESUME_HINT = (". Checkpoints already written are intact: continue with "
                "config.CHECKPOINT.AUTO_RESUME=true")
 
