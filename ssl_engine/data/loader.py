@@ -17,7 +17,7 @@ from ssl_engine.data.collators import build_collator
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.sampler import StatefulDistributedSampler
 from ssl_engine.utils.logger import setup_logging
-from ssl_engine.utils.stop_request import ignore_stop_signals
+from ssl_engine.utils.stop_request import ignore_interrupts
 
 
 def build_dataloader(
@@ -71,10 +71,10 @@ def build_dataloader(
 
 
 def init_worker(worker_id: int) -> None:
-    """Each loader worker at its start: the logging of its rank, and a Ctrl-C or SIGTERM
-    stops the rank, not its workers."""
+    """Each loader worker at its start: the logging of its rank, and a Ctrl-C stops the rank,
+    not its workers."""
     worker_logging(worker_id)
-    ignore_stop_signals(worker_id)
+    ignore_interrupts(worker_id)
 
 
 def worker_logging(worker_id: int) -> None:

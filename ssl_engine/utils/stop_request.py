@@ -114,12 +114,12 @@ def launcher_stop_signals(shared, abort: Callable[[int], None]):
     return _stop_handler(handler)
 
 
-def ignore_stop_signals(worker_id: int = 0) -> None:
-    """For data-loader workers (their ``worker_init_fn``): a terminal's Ctrl-C and a cluster's
-    SIGTERM reach every process of the job, and a worker that ended on them would fail the step
-    its process is finishing. Workers end with their process (torch watches for that)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+def ignore_interrupts(worker_id: int = 0) -> None:
+    """For data-loader workers (their ``worker_init_fn``): a terminal's Ctrl-C reaches every
+    process of the job, and a worker that ended on it would fail the step its process is
+    finishing. SIGTERM keeps its default action: torch and multiprocessing end workers with it
+    (a worker that ignored it could hang its process's exit)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _agreed_point(proposal: int) -> int:
