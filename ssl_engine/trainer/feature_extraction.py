@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 MERGE_CHUNK_BYTES = 8 * 2**20  # rows read and placed at a time by the merge
 WRITE_QUEUE_BATCHES = 4  # batches waiting for the writer thread at most
 from ssl_engine.data.paths import SPLITS
-from ssl_engine.utils.io import fsync_dir, writable_folder_error
+from ssl_engine.utils.io import errno_text, fsync_dir, writable_folder_error
 
 
 
@@ -323,12 +323,9 @@ def _complete(folder: Path, done: Sequence[str]) -> str:
 
 def write_failure(err: OSError, folder: Path, split: str, done: Sequence[str]) -> ExtractionError:
     """The one message of an extraction stopped by a failing write of ``split``'s files."""
-    reason = err.strerror or str(err)
-    if err.errno in errno.errorcode:
-        reason = f"{reason} ({errno.errorcode[err.errno]})"
     return ExtractionError(
-        f"could not write the {split.lower()} features to {folder}: {reason}. Its temporary "
-        f"files were removed and files of earlier runs left as they were; "
+        f"could not write the {split.lower()} features to {folder}: {errno_text(err)}. Its "
+        "temporary files were removed and files of earlier runs left as they were; "
         f"{_complete(folder, done)}. Free space and run the extraction again"
     )
 

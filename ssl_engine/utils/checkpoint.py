@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
-from ssl_engine.utils.io import fsync_dir
+from ssl_engine.utils.io import errno_text, fsync_dir
 
 logger = logging.getLogger(__name__)
 
@@ -164,10 +164,7 @@ def write_failure(err: Exception, folder: Path, needed_bytes: int) -> Optional[s
         return (f"no space left on {folder}: {free / 2**20:.1f} MB free, the checkpoint needs "
                 f"about {needed_bytes / 2**20:.1f} MB")
     if is_os_error:
-        reason = err.strerror or str(err)
-        if err.errno is not None:
-            reason = f"{reason} ({errno.errorcode.get(err.errno, err.errno)})"
-        return reason
+        return errno_text(err)
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return f"the file could not be written ({lines[0]})"
 

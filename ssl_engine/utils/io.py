@@ -28,11 +28,16 @@ def _file_in_the_way(path) -> Optional[Path]:
     return None
 
 
+def errno_text(err: OSError) -> str:
+    """What an OSError says, with its errno's name: "No space left on device (ENOSPC)"."""
+    code = errno.errorcode.get(err.errno, "") if err.errno is not None else ""
+    return f"{err.strerror or err} ({code})" if code else str(err.strerror or err)
+
+
 def os_error_text(err: OSError) -> str:
     """An OSError in words, without Python's "[Errno 20]": what failed, on which path, and for
     a path through a file, which file is in the way."""
-    code = errno.errorcode.get(err.errno, "") if err.errno is not None else ""
-    text = f"{err.strerror or err} ({code})" if code else str(err.strerror or err)
+    text = errno_text(err)
     if err.filename is None:
         return text
     blocking = _file_in_the_way(err.filename) if err.errno == errno.ENOTDIR else None
