@@ -3,8 +3,8 @@ import logging
 import os
 
 from ssl_engine.config.attr_dict import AttrDict
-from ssl_engine.config.errors import ConfigError
 from ssl_engine.config.validate import get_dotted
+from ssl_engine.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

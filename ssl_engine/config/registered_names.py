@@ -10,7 +10,7 @@ import difflib
 import os
 from typing import Callable, Dict, Iterable, Iterator, List, Tuple
 
-from ssl_engine.config.errors import ConfigError
+from ssl_engine.utils.errors import ConfigError
 
 MAX_LISTED = 15  # registries longer than this (transforms) are not listed in the message
 
