@@ -13,7 +13,7 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
