@@ -2,8 +2,9 @@
 
 Composes and checks the config (``ssl_engine.engines.prelaunch``), then either joins a world
 started by torchrun (rank variables already in the environment) or starts ``NUM_PROC_PER_NODE``
-processes on this machine. The process where global rank 0 runs (this one, or torchrun's rank 0) holds the lock of
-``CHECKPOINT.DIR`` for the life of the run (``ssl_engine.utils.run_lock``).
+processes on this machine. The process where global rank 0 runs (this one, or torchrun's
+rank 0) holds the lock of ``CHECKPOINT.DIR`` for the life of the run
+(``ssl_engine.utils.run_lock``).
 """
 import contextlib
 import logging
