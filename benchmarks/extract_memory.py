@@ -63,7 +63,9 @@ def child_extract(num_samples: int, folder: str, procs: int) -> None:
     the largest peak RSS of those processes as JSON."""
     import numpy as np
 
-    from ssl_engine.engines.launcher import check_before_launch, launch_distributed
+    from ssl_engine.engines.launcher import launch_distributed
+
+    from ssl_engine.engines.prelaunch import check_before_launch
     from ssl_engine.utils.logger import setup_logging
 
     cfg = config(num_samples, folder, procs)

@@ -179,7 +179,7 @@ def complete_catalog(root: Path, names, catalog) -> str:
 def check_names(engine_name: str, cfg) -> None:
     """What the launcher refuses from the config alone: the component names it asks for, the
     trunk's settings and the task's own checks (not the data paths or output folders)."""
-    from ssl_engine.engines.launcher import check_config_before_launch
+    from ssl_engine.engines.prelaunch import check_config_before_launch
 
     check_config_before_launch(engine_name, cfg)
 

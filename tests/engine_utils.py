@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ssl_engine.config import load_config
-from ssl_engine.engines.launcher import check_before_launch, launch_distributed
+from ssl_engine.engines.launcher import launch_distributed
+from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.utils.checkpoint import load_checkpoint
 
 QUICK = "config=test/quick_simclr_synthetic"

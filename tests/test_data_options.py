@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ssl_engine.config.errors import ConfigError
 from ssl_engine.data import build_dataloader, build_dataset, check_data_paths
 from ssl_engine.data.catalog import resolve_dataset_names
 from ssl_engine.data.loader import stop_workers
 from ssl_engine.data.datasources import ImageLoadError
 from ssl_engine.data.local_copy import copy_once, local_path
 from ssl_engine.engines.launcher import main
+from ssl_engine.utils.errors import ConfigError
 from test_data_sources import make_cfg, noise, write_png
 
 

@@ -7,7 +7,7 @@ import torch
 
 from engine_utils import metrics, run_engine
 from ssl_engine.config import ConfigError, load_config
-from ssl_engine.engines.launcher import check_before_launch
+from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.hooks.ema_model_hook import EmaModelHook
 from ssl_engine.models import build_model
 from ssl_engine.models.ema import ModelEMA

@@ -403,7 +403,7 @@ QUICKSTART_TRUNK_ONLY = [
 @pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam"])
 def test_trunk_only_extraction_of_a_config_with_projector_and_predictor_builds_no_head(
         tmp_path, method):
-    from ssl_engine.engines.launcher import check_before_launch
+    from ssl_engine.engines.prelaunch import check_before_launch
 
     engine_name, cfg = load_config([f"config=quickstart/{method}_digits",
                                     "engine_name=extract_features", *QUICKSTART_TRUNK_ONLY,

@@ -9,7 +9,7 @@ import torch
 from engine_utils import run_engine
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
-from ssl_engine.engines.launcher import check_before_launch
+from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.models import build_model
 
 CONFIG = "config=feature_extraction/extract_resnet_digits"

@@ -10,7 +10,7 @@ from engine_utils import run_engine
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
 from ssl_engine.data.extraction_view import check_extraction_splits, extraction_config, one_view
-from ssl_engine.engines.launcher import check_before_launch
+from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.evaluation.extracted import load_extracted
 from ssl_engine.models import build_model
 

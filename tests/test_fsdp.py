@@ -6,7 +6,7 @@ import torch
 
 from engine_utils import final_weights, run_engine, step_losses
 from ssl_engine.config import ConfigError, load_config
-from ssl_engine.engines.launcher import check_before_launch
+from ssl_engine.engines.prelaunch import check_before_launch
 
 COMMON = ["config.MODEL.TRUNK.RESNETS.NORM=GroupNorm", "config.LOG_FREQUENCY=1",
           "config.OPTIMIZER.param_schedulers.lr.name=constant",

@@ -68,7 +68,7 @@ def test_a_linear_evaluation_left_with_nothing_to_train_is_refused_before_launch
     import pytest
 
     from ssl_engine.config import load_config
-    from ssl_engine.engines.launcher import check_before_launch
+    from ssl_engine.engines.prelaunch import check_before_launch
 
     engine_name, cfg = load_config([
         LINEAR_DIGITS, f"config.CHECKPOINT.DIR={tmp_path}",

@@ -10,9 +10,9 @@ import yaml
 
 from ssl_engine.config import ConfigError
 from ssl_engine.config.attr_dict import AttrDict
-from ssl_engine.config.registered_names import check_registered_names
 from ssl_engine.config.unsupported import UNSUPPORTED_NAMES
 from ssl_engine.config.validate import validate_config
+from ssl_engine.engines.registered_names import check_registered_names
 from ssl_engine.models import build_model
 from ssl_engine.models.checkpoint_formats import (is_vissl_checkpoint, load_vissl_model_weights,
                                                   model_state_from_vissl, vissl_checkpoint,

@@ -16,7 +16,7 @@ from torchvision.models.resnet import Bottleneck as TorchvisionBottleneck
 
 from ssl_engine.config import load_config
 from ssl_engine.config.attr_dict import AttrDict
-from ssl_engine.engines.launcher import check_before_launch
+from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.models import build_model
 from ssl_engine.models.checkpoint_formats import model_key_from_vissl
 from ssl_engine.models.trunks import check_trunk_config

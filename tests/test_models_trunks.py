@@ -12,7 +12,7 @@ from torch import nn
 
 from ssl_engine.config import compose_config
 from ssl_engine.config.attr_dict import AttrDict
-from ssl_engine.engines.launcher import check_before_launch
+from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.models import build_model
 from ssl_engine.models.trunks import check_trunk_config
 from ssl_engine.utils.classy import classy_vision  # noqa: F401  (warnings filtered)

@@ -5,8 +5,9 @@ import copy
 import pytest
 
 from ssl_engine.config import ConfigError, load_config
-from ssl_engine.config.registered_names import nearest_registered
-from ssl_engine.engines.launcher import check_before_launch, main
+from ssl_engine.engines.launcher import main
+from ssl_engine.engines.prelaunch import check_before_launch
+from ssl_engine.engines.registered_names import nearest_registered
 
 QUICK = "config=test/quick_simclr_synthetic"
 

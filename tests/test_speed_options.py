@@ -11,8 +11,9 @@ from ssl_engine.hooks import SSLHook, default_hook_generator
 from ssl_engine.hooks.log_hooks import batch_counts
 from ssl_engine.losses import build_loss
 from ssl_engine.models import build_model
-from ssl_engine.trainer.amp import MixedPrecision, amp_dtype, float32_outputs
+from ssl_engine.trainer.amp import MixedPrecision, amp_dtype
 from ssl_engine.utils.cpu_budget import auto_workers, compute_threads, processes_on_this_machine
+from ssl_engine.utils.device import float32_outputs
 
 QUICK = ["config=test/quick_simclr_synthetic", "config.CHECKPOINT.DIR=/tmp/unused"]
 

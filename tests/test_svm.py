@@ -11,7 +11,8 @@ from sklearn.model_selection import cross_val_score
 from sklearn.svm import LinearSVC
 
 from ssl_engine.evaluation import svm
-from ssl_engine.evaluation.svm import SVMSettings, average_precision, svm_costs, svm_eval
+from ssl_engine.evaluation.svm import NO_POSITIVE_AP, SVMSettings, svm_costs, svm_eval
+from ssl_engine.utils.average_precision import average_precision
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 COSTS = (0.001, 0.05, 1.0, 20.0)
@@ -52,7 +53,7 @@ def test_average_precision_matches_sklearn_with_ties_and_the_interpolated_varian
     rng = np.random.RandomState(3)
     scores = np.round(rng.randn(50), 1)  # rounded: many ties
     labels = (rng.rand(50) < 0.4).astype(int)
-    assert average_precision(scores, labels) == pytest.approx(
+    assert average_precision(scores, labels, no_positives=NO_POSITIVE_AP) == pytest.approx(
         average_precision_score(labels, scores), abs=1e-12)
     # interpolated: at each positive's rank, the best precision at that rank or below
     no_ties = rng.permutation(50).astype(float)
@@ -60,10 +61,11 @@ def test_average_precision_matches_sklearn_with_ties_and_the_interpolated_varian
     hits = labels[order]
     precision = np.cumsum(hits) / np.arange(1, 51)
     expected = sum(precision[i:].max() for i in np.flatnonzero(hits)) / hits.sum()
-    assert average_precision(no_ties, labels, interpolated=True) == pytest.approx(expected)
-    assert average_precision(no_ties, labels, interpolated=True) > average_precision(no_ties,
-                                                                                     labels)
-    assert np.isnan(average_precision(scores, np.zeros(50)))
+    interpolated = average_precision(no_ties, labels, no_positives=NO_POSITIVE_AP,
+                                     interpolated=True)
+    assert interpolated == pytest.approx(expected)
+    assert interpolated > average_precision(no_ties, labels, no_positives=NO_POSITIVE_AP)
+    assert np.isnan(average_precision(scores, np.zeros(50), no_positives=NO_POSITIVE_AP))
 
 
 def test_chosen_cost_and_mean_ap_match_a_direct_sklearn_loop():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ssl_engine.config import ConfigError, load_config
-from ssl_engine.engines.launcher import check_before_launch
+from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.utils.checkpoint import load_checkpoint
 
 from engine_utils import run_engine

@@ -6,8 +6,8 @@ from omegaconf import OmegaConf
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.config.compose import compose_hydra_configuration, config_dir, load_defaults
 from ssl_engine.config.derive import derive_settings, global_batch_size
-from ssl_engine.config.errors import ConfigError
 from ssl_engine.config.validate import validate_config, validate_overrides
+from ssl_engine.utils.errors import ConfigError
 
 __all__ = [
     "AttrDict",

@@ -7,7 +7,7 @@ from typing import List, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from ssl_engine.config.errors import ConfigError
+from ssl_engine.utils.errors import ConfigError
 
 _PRIMARY_NAME = "ssl_engine_defaults"
 

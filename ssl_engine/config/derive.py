@@ -3,8 +3,11 @@ import logging
 import os
 
 from ssl_engine.config.attr_dict import AttrDict
-from ssl_engine.config.errors import ConfigError
 from ssl_engine.config.validate import get_dotted
+from ssl_engine.data.catalog import resolve_dataset_names
+from ssl_engine.optimizers import apply_auto_lr_scaling
+from ssl_engine.utils.cpu_budget import cores_available
+from ssl_engine.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +87,6 @@ def check_processes_fit(cfg: AttrDict) -> None:
     """The NUM_PROC_PER_NODE processes started on this machine fit it: one per visible GPU
     (MACHINE.DEVICE=gpu), or at most one per CPU core this process may use (its CPU affinity:
     a container's or SLURM's share)."""
-    from ssl_engine.utils.cpu_budget import cores_available
-
     if cfg.MACHINE.DEVICE == "gpu":
         check_gpus(cfg)
         return
@@ -196,16 +197,12 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations."""
     _check_choices(cfg)
     _derive_device_and_backend(cfg)
-    from ssl_engine.data.catalog import resolve_dataset_names
-
     for split in ("TRAIN", "TEST"):  # DATASET_NAMES -> paths, before the phases are checked
         resolve_dataset_names(cfg, split)
     _check_phases(cfg)
     _check_ema_model(cfg)
     _derive_loss_settings(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
-    from ssl_engine.optimizers import apply_auto_lr_scaling
-
     if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
         cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer
     cfg.OPTIMIZER = apply_auto_lr_scaling(cfg.OPTIMIZER, global_batch_size(cfg))

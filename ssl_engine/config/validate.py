@@ -9,9 +9,9 @@ import fnmatch
 import re
 from typing import Any, Iterator, List, Sequence, Tuple
 
-from ssl_engine.config.errors import ConfigError
 from ssl_engine.config.legacy_keys import move_legacy_keys
 from ssl_engine.config.unsupported import UNSUPPORTED_KEYS, UNSUPPORTED_NAMES, Refusal
+from ssl_engine.utils.errors import ConfigError
 from ssl_engine.utils.registry import closest_name
 
 # Sections with a non-empty default whose children are free as well.

@@ -16,9 +16,9 @@ import json
 import os
 from typing import Dict
 
-from ssl_engine.config.errors import ConfigError
 from ssl_engine.data.datasources.torchvision_dataset import NAMES as TORCHVISION_NAMES
 from ssl_engine.data.registry import DATASOURCE_REGISTRY
+from ssl_engine.utils.errors import ConfigError
 
 ENV_VARS = ("SSL_ENGINE_DATASET_CATALOG_PATH", "VISSL_DATASET_CATALOG_PATH")
 CATALOG_SPLITS = {"TRAIN": "train", "TEST": "val"}

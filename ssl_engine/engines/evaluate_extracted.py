@@ -38,7 +38,8 @@ def get_or_extract(cfg, layer: str, splits: Sequence[str] = SPLITS) -> Dict[str,
     missing or was extracted from other weights, model or data settings (see
     ``has_extracted``), the ``extract_features`` engine runs first (in this process or the
     processes ``DISTRIBUTED.NUM_PROC_PER_NODE`` asks for)."""
-    from ssl_engine.engines.launcher import check_before_launch, launch_distributed
+    from ssl_engine.engines.launcher import launch_distributed
+    from ssl_engine.engines.prelaunch import check_before_launch
 
     folder = extraction_dir(cfg)
     missing = [split for split in splits if not has_extracted(folder, split, layer, cfg)]

@@ -1,9 +1,10 @@
 """From command-line arguments to engine processes.
 
-Composes and checks the config, then either joins a world started by torchrun (rank variables
-already in the environment) or starts ``NUM_PROC_PER_NODE`` processes on this machine. The
-process where global rank 0 runs (this one, or torchrun's rank 0) holds the lock of
-``CHECKPOINT.DIR`` for the life of the run (``ssl_engine.utils.run_lock``).
+Composes and checks the config (``ssl_engine.engines.prelaunch``), then either joins a world
+started by torchrun (rank variables already in the environment) or starts ``NUM_PROC_PER_NODE``
+processes on this machine. The process where global rank 0 runs (this one, or torchrun's
+rank 0) holds the lock of ``CHECKPOINT.DIR`` for the life of the run
+(``ssl_engine.utils.run_lock``).
 """
 import contextlib
 import logging
@@ -13,27 +14,27 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ssl_engine.config import AttrDict, ConfigError, load_config
-from ssl_engine.config.derive import check_processes_fit
+from ssl_engine.config import AttrDict, ConfigError
 from ssl_engine.engines import get_engine
 from ssl_engine.engines.plugins import import_plugins
+from ssl_engine.engines.prelaunch import holds_run_lock, load_checked_config, started_by_torchrun
+from ssl_engine.engines.slurm import is_local, submit
 from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.utils.logger import launcher_logging
 from ssl_engine.utils.registry import UnknownNameError
-from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked
+from ssl_engine.utils.run_lock import RunLock, RunLockError
 from ssl_engine.utils.stop_request import (RunStopped, launcher_stop_signals, signal_name,
                                            stop_signals)
 
 logger = logging.getLogger(__name__)
 
-_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 SPAWN_GRACE_S = 10.0
 
 
@@ -41,10 +42,6 @@ def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def started_by_torchrun() -> bool:
-    return all(name in os.environ for name in _RANK_VARIABLES)
 
 
 def dist_run_id(cfg: AttrDict) -> str:
@@ -66,53 +63,6 @@ def dist_run_id(cfg: AttrDict) -> str:
         Path(cfg.CHECKPOINT.DIR).mkdir(parents=True, exist_ok=True)
         run_id = os.path.join(cfg.CHECKPOINT.DIR, f".dist_init_{uuid.uuid4().hex}")
     return f"file://{os.path.abspath(run_id)}"
-
-
-def holds_run_lock(cfg: AttrDict) -> bool:
-    """Whether this process is the one of global rank 0, which locks CHECKPOINT.DIR."""
-    if started_by_torchrun():
-        return int(os.environ["RANK"]) == 0
-    return cfg.DISTRIBUTED.NODE_ID == 0
-
-
-def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
-    """The refusals that need the config only (no files): every registered name the config
-    refers to (engine, task, train step, components), the trunk's settings, the model's own
-    (built on the meta device: heads, evaluated stages) and the task's own checks."""
-    from ssl_engine.config.registered_names import check_registered_names
-    from ssl_engine.models.base_ssl_model import check_model_config
-    from ssl_engine.models.fsdp_names import warn_fsdp_names_without_fsdp_task
-    from ssl_engine.models.trunks import check_trunk_config
-    from ssl_engine.trainer.train_steps import get_train_step
-    from ssl_engine.utils.classy import TASK_REGISTRY
-    from ssl_engine.utils.registry import lookup
-
-    check_registered_names(engine_name, cfg)  # every component the config names exists
-    warn_fsdp_names_without_fsdp_task(engine_name, cfg)
-    get_engine(engine_name)
-    get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
-    check_trunk_config(cfg.MODEL)
-    check_model_config(cfg.MODEL)
-    task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
-    check_task = getattr(task_class, "check_config", None)  # a task's own refusals
-    if check_task is not None:
-        check_task(cfg)
-
-
-def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
-    """Everything that can be refused before a process starts: the config's own checks
-    (``check_config_before_launch``), processes this machine cannot hold, another live run in
-    CHECKPOINT.DIR, then the engine's own checks (data paths, output folders, the files it
-    will load)."""
-    check_config_before_launch(engine_name, cfg)
-    if not started_by_torchrun() and not cfg.SLURM.USE_SLURM:  # else started elsewhere
-        check_processes_fit(cfg)
-    engine = get_engine(engine_name)
-    if holds_run_lock(cfg):
-        check_unlocked(cfg.CHECKPOINT.DIR)
-    check = getattr(engine, "check_before_launch", None)
-    if check is not None:
-        check(cfg)
 
 
 @contextlib.contextmanager
@@ -269,8 +219,6 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
 def submit_to_slurm(cfg: AttrDict, engine_name: str) -> int:
     """Submit the run with submitit and print the job id and log folder; without SLURM (the
     local executor) wait for the job and return its outcome."""
-    from ssl_engine.engines.slurm import is_local, submit
-
     job = submit(cfg, engine_name, launch_distributed)
     print(f"submitted job {job.job_id}; its logs: {job.paths.folder}", flush=True)
     if not is_local(job):  # on SLURM: the job runs there
@@ -296,9 +244,7 @@ def main(argv: Sequence[str]) -> int:
 
 def _main(argv: Sequence[str]) -> int:
     try:
-        import_plugins()
-        engine_name, cfg = load_config(list(argv))
-        check_before_launch(engine_name, cfg)
+        engine_name, cfg = load_checked_config(argv)  # every check, in engines/prelaunch.py
     except (ConfigError, FileNotFoundError, NotADirectoryError, UnknownNameError,
             CheckpointError, ExtractionError, ValueError, RunLockError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -15,6 +15,7 @@ import submitit
 
 from ssl_engine.config import ConfigError
 from ssl_engine.config.derive import check_processes_fit
+from ssl_engine.engines.plugins import import_plugins
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,6 @@ class EngineJob(submitit.helpers.Checkpointable):
         self.cfg, self.engine_name, self.launch = cfg, engine_name, launch
 
     def __call__(self) -> str:
-        from ssl_engine.engines.plugins import import_plugins
-
         import_plugins()  # $SSL_ENGINE_PLUGINS: the user's components, on this node too
         env = submitit.JobEnvironment()
         cfg = copy.deepcopy(self.cfg)

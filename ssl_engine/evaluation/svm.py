@@ -11,7 +11,8 @@ target is c, absent elsewhere) or a ``[N, C]`` matrix with 1 (present), 0 (absen
 (ignored: VOC's "difficult" objects). Ignored samples count as negatives when training, as in
 VISSL, and are left out of the test AP.
 
-Test AP per class is the area under the precision-recall curve taken at every distinct score
+Test AP per class (``ssl_engine.utils.average_precision``; NaN for a class without positives)
+is the area under the precision-recall curve taken at every distinct score
 (``sklearn.metrics.average_precision_score``); the interpolated variant uses, at each recall,
 the best precision at that recall or beyond (the AP VISSL's SVM benchmark reports). For
 single-label targets the top-1 accuracy of the highest-scoring class is reported too.
@@ -29,9 +30,11 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ssl_engine.utils.average_precision import ABSENT, IGNORED, PRESENT, average_precision
+
 logger = logging.getLogger(__name__)
 
-PRESENT, ABSENT, IGNORED = 1, 0, -1
+NO_POSITIVE_AP = float("nan")  # the AP of a class without positives: mean_ap leaves it out
 POSITIVE_CLASS_WEIGHT = 2.0
 TOLERANCE = 1e-4
 RANDOM_STATE = 0
@@ -108,28 +111,6 @@ def class_targets(targets: np.ndarray, num_classes: Optional[int] = None) -> np.
                          f"{int(targets.min())}")
     num_classes = int(num_classes if num_classes is not None else targets.max() + 1)
     return (targets[:, None] == np.arange(num_classes)[None, :]).astype(np.int8)
-
-
-def average_precision(scores: np.ndarray, labels: np.ndarray, interpolated: bool = False
-                      ) -> float:
-    """AP of one class from ``scores`` and labels 1/0/-1 (-1 rows left out): the precision at
-    each distinct score threshold weighted by the recall gained there; ``interpolated`` takes
-    the best precision at that recall or beyond. NaN when no sample is positive."""
-    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels)
-    known = labels != IGNORED
-    scores, positive = scores[known], (labels[known] == PRESENT).astype(np.float64)
-    num_positives = positive.sum()
-    if num_positives == 0:
-        return float("nan")
-    order = np.argsort(-scores, kind="stable")
-    scores, positive = scores[order], positive[order]
-    true_pos = np.cumsum(positive)
-    last_of_tie = np.r_[scores[1:] != scores[:-1], True]
-    precision = (true_pos / np.arange(1, len(scores) + 1))[last_of_tie]
-    recall = true_pos[last_of_tie] / num_positives
-    if interpolated:
-        precision = np.maximum.accumulate(precision[::-1])[::-1]
-    return float(np.sum(np.diff(recall, prepend=0.0) * precision))
 
 
 def mean_ap(per_class: Sequence[float]) -> float:
@@ -326,9 +307,10 @@ def svm_eval(
         result = train_class(train_x, train_y[:, cls], cls, settings, store)
         results.append(result)
         test_scores.append(result.model.decision(test_x))
-    test_ap = [average_precision(s, test_y[:, c]) for s, c in zip(test_scores, classes)]
-    test_ap_interp = [average_precision(s, test_y[:, c], interpolated=True)
-                      for s, c in zip(test_scores, classes)]
+    test_ap = [average_precision(s, test_y[:, c], no_positives=NO_POSITIVE_AP)
+               for s, c in zip(test_scores, classes)]
+    test_ap_interp = [average_precision(s, test_y[:, c], no_positives=NO_POSITIVE_AP,
+                                        interpolated=True) for s, c in zip(test_scores, classes)]
     for cls, ap, result in zip(classes, test_ap, results):
         logger.info("class %d: cost %g, test AP %.4f", cls, settings.costs[result.chosen], ap)
     out = {

@@ -9,8 +9,7 @@ import torch
 
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.log_hooks import append_metrics
-from ssl_engine.trainer.amp import float32_outputs
-from ssl_engine.utils.device import to_device
+from ssl_engine.utils.device import float32_outputs, to_device
 from ssl_engine.utils.distributed import is_primary
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import List, Optional
 import torch
 
 from ssl_engine.models.ema import ema_update_
-from ssl_engine.trainer.amp import float32_outputs
+from ssl_engine.utils.device import float32_outputs
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

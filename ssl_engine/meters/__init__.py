@@ -1,5 +1,4 @@
 """Meters (classy_vision ClassyMeters registered with ``register_meter``) and ``build_meters``."""
-import warnings
 from typing import List
 
 from ssl_engine.meters.mean_ap_list_meter import MeanAPListMeter
@@ -8,11 +7,8 @@ from ssl_engine.meters.topk_list_meter import (
     PrecisionAtKListMeter,
     RecallAtKListMeter,
 )
+from ssl_engine.utils.classy import METER_REGISTRY, ClassyMeter
 from ssl_engine.utils.registry import lookup
-
-with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
-    warnings.simplefilter("ignore")
-    from classy_vision.meters import METER_REGISTRY, ClassyMeter
 
 
 def build_meters(meters_cfg) -> List[ClassyMeter]:

@@ -1,13 +1,10 @@
 """The list-meter shape VISSL's meters share: one inner meter per model output (e.g. one linear
 head per trunk stage), each named, updated, synced, reset and checkpointed together."""
-import warnings
 from typing import Any, Dict, List, Sequence, Union
 
 import torch
 
-with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
-    warnings.simplefilter("ignore")
-    from classy_vision.meters import ClassyMeter
+from ssl_engine.utils.classy import ClassyMeter
 
 
 class ListMeter(ClassyMeter):

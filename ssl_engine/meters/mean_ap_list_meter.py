@@ -1,36 +1,14 @@
 """Mean average precision of multi-label predictions, one meter per model output."""
-import warnings
 from typing import Any, Dict, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ssl_engine.meters.list_meter import ListMeter
+from ssl_engine.utils.average_precision import average_precision
+from ssl_engine.utils.classy import register_meter
 
-with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
-    warnings.simplefilter("ignore")
-    from classy_vision.meters import register_meter
-
-
-def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """Average precision of one class: the precision at every score threshold weighted by the
-    recall gained there (tied scores form one threshold). ``labels`` are 0/1; -1 rows are
-    unknown and left out. -1.0 when the class has no positive."""
-    known = labels >= 0
-    scores, labels = scores[known].double(), labels[known].double()
-    positives = labels.sum()
-    if positives == 0:
-        return -1.0
-    order = torch.argsort(scores, descending=True, stable=True)
-    scores, labels = scores[order], labels[order]
-    true_pos = torch.cumsum(labels, 0)
-    last_of_tie = torch.ones_like(scores, dtype=torch.bool)
-    last_of_tie[:-1] = scores[1:] != scores[:-1]
-    ranks = torch.arange(1, len(scores) + 1, dtype=torch.float64)
-    precision = (true_pos / ranks)[last_of_tie]
-    recall = true_pos[last_of_tie] / positives
-    recall_gain = torch.diff(recall, prepend=recall.new_zeros(1))
-    return float((recall_gain * precision).sum())
+NO_POSITIVE_AP = -1.0  # the AP of a class without positives: left out of the mean
 
 
 class _MeanAP:
@@ -76,7 +54,8 @@ class _MeanAP:
 
     def value(self):
         scores, labels = self.rows()
-        per_class = [average_precision(scores[:, c], labels[:, c]) for c in range(self.num_classes)]
+        per_class = [average_precision(scores[:, c], labels[:, c], no_positives=NO_POSITIVE_AP)
+                     for c in range(self.num_classes)]
         valid = [ap for ap in per_class if ap >= 0]
         return (sum(valid) / len(valid) if valid else 0.0), per_class
 

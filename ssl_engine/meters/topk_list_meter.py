@@ -4,19 +4,10 @@
 in the classy meter each output gets; their config keys are the same
 (``METERS.<name>.{num_meters, topk_values, meter_names}``).
 """
-import warnings
 from typing import Any, Dict, Sequence
 
 from ssl_engine.meters.list_meter import ListMeter
-
-with warnings.catch_warnings():  # classy_vision imports deprecated torchvision modules
-    warnings.simplefilter("ignore")
-    from classy_vision.meters import (
-        AccuracyMeter,
-        PrecisionAtKMeter,
-        RecallAtKMeter,
-        register_meter,
-    )
+from ssl_engine.utils.classy import AccuracyMeter, PrecisionAtKMeter, RecallAtKMeter, register_meter
 
 
 class TopKListMeter(ListMeter):

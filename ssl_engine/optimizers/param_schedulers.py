@@ -10,24 +10,20 @@ fixed fractions of training). ``update_interval: epoch`` holds the value for a w
 """
 import bisect
 import math
-import warnings
 from typing import Any, Callable, Dict, Mapping
 
+from ssl_engine.utils.classy import (
+    ClassyParamScheduler,
+    CompositeParamScheduler,
+    ConstantParamScheduler,
+    CosineParamScheduler,
+    LinearParamScheduler,
+    MultiStepParamScheduler,
+    ParamScheduler,
+    StepParamScheduler,
+    UpdateInterval,
+)
 from ssl_engine.utils.registry import lookup
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.optim.param_scheduler import (
-        ClassyParamScheduler,
-        CompositeParamScheduler,
-        ConstantParamScheduler,
-        CosineParamScheduler,
-        LinearParamScheduler,
-        MultiStepParamScheduler,
-        ParamScheduler,
-        StepParamScheduler,
-        UpdateInterval,
-    )
 
 _EPOCH_EPSILON = 1e-9  # keeps where = k / num_epochs computed in floating point inside epoch k
 

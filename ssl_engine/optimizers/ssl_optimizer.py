@@ -1,22 +1,19 @@
 """``build_optimizer``: a classy_vision optimizer with param groups, lr schedule, LARC and
 ZeRO (OPTIMIZER.use_zero: fairscale's OSS shards the optimizer state over the ranks)."""
 import logging
-import warnings
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 import torch.nn as nn
 
+from ssl_engine.models.fsdp_names import FSDP_OPTIMIZERS
 from ssl_engine.optimizers.larc import LARC
 from ssl_engine.optimizers.param_groups import get_optimizer_param_groups
 from ssl_engine.optimizers.param_schedulers import ClassyParamScheduler, build_lr_scheduler
 from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
+from ssl_engine.utils.classy import OPTIMIZER_REGISTRY, ClassyOptimizer
 from ssl_engine.utils.distributed import is_distributed
 from ssl_engine.utils.registry import lookup
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.optim import OPTIMIZER_REGISTRY, ClassyOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +38,12 @@ _CLASSY_SETTINGS: Dict[str, Callable[[Mapping[str, Any]], Dict[str, Any]]] = {
 
 def optimizer_names():
     """The names OPTIMIZER.name may take (VISSL's sgd_fsdp among them: see ordinary_optimizer)."""
-    from ssl_engine.models.fsdp_names import FSDP_OPTIMIZERS
-
     return sorted([*_CLASSY_SETTINGS, *FSDP_OPTIMIZERS])
 
 
 def ordinary_optimizer(name: str) -> str:
     """The optimizer an OPTIMIZER.name builds: VISSL's sgd_fsdp is SGD (its FSDP-aware LARC has
     no use here: LARC is refused with the FSDP task), others are themselves."""
-    from ssl_engine.models.fsdp_names import FSDP_OPTIMIZERS
-
     if name in FSDP_OPTIMIZERS:
         logger.info("optimizer %s: built as the ordinary %s", name, FSDP_OPTIMIZERS[name])
         return FSDP_OPTIMIZERS[name]

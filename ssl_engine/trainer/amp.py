@@ -2,8 +2,9 @@
 
 The trunk's forward pass (the model's and a momentum target's) runs under autocast in bfloat16
 or float16; the heads run in float32 (``float32_heads`` in models/base_ssl_model.py); the loss
-always runs in float32 on float32 copies of the model's outputs, so softmaxes over large
-logits, normalisations and cross-correlations keep their precision.
+always runs in float32 on float32 copies of the model's outputs (``float32_outputs`` in
+utils/device.py), so softmaxes over large logits, normalisations and cross-correlations keep
+their precision.
 Parameters, gradients, optimizer state and EMA updates stay float32. float16 needs a
 GradScaler (CUDA only); its state is part of the checkpoint.
 """
@@ -13,7 +14,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ssl_engine.config.errors import ConfigError
+from ssl_engine.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +121,3 @@ class MixedPrecision:
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)
 
-
-def float32_outputs(obj):
-    """``obj`` (a tensor, or lists / tuples / dicts of them) with its floating tensors in
-    float32: what a loss receives from a forward pass run under autocast."""
-    if torch.is_tensor(obj):
-        return obj.float() if obj.is_floating_point() and obj.dtype != torch.float32 else obj
-    if isinstance(obj, dict):
-        return {key: float32_outputs(value) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(float32_outputs(value) for value in obj)
-    return obj

@@ -1,4 +1,4 @@
-"""Moving nested batches and outputs between devices."""
+"""Moving nested batches and outputs between devices, and casting them to float32."""
 import torch
 
 
@@ -14,4 +14,16 @@ def to_device(obj, device: torch.device, non_blocking: bool = False, channels_la
         return {k: to_device(v, device, non_blocking, channels_last) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(v, device, non_blocking, channels_last) for v in obj)
+    return obj
+
+
+def float32_outputs(obj):
+    """``obj`` (a tensor, or lists / tuples / dicts of them) with its floating tensors in
+    float32: what a loss receives from a forward pass run under autocast."""
+    if torch.is_tensor(obj):
+        return obj.float() if obj.is_floating_point() and obj.dtype != torch.float32 else obj
+    if isinstance(obj, dict):
+        return {key: float32_outputs(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(float32_outputs(value) for value in obj)
     return obj

@@ -1,7 +1,8 @@
 """Trunks: the backbone networks, each registered by name with ``register_model_trunk``.
 
 A trunk class may define ``check_config(model_cfg)``: the launcher calls it before any process
-starts, so that a bad MODEL.TRUNK setting is refused with its key's name.
+starts, so that a bad MODEL.TRUNK setting is refused with its key's name; ``StagedTrunk``'s
+``__init__`` calls it too, for a trunk built directly.
 """
 from ssl_engine.models.registry import MODEL_TRUNKS
 # registers alexnet_deepcluster, alexnet_bvlc, alexnet_jigsaw, alexnet_rotnet, alexnet_colorization

@@ -144,8 +144,7 @@ class AlexNetTrunk(StagedTrunk):
                              "and give LAB tensors")
 
     def __init__(self, model_cfg):
-        super().__init__()
-        self.check_config(model_cfg)
+        super().__init__(model_cfg)
         spec = self.spec
         if spec.input == "sobel":
             self.sobel = sobel_filter()

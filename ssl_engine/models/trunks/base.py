@@ -26,6 +26,18 @@ class StagedTrunk(nn.Module):
     # that they are read as they are but not converted; see models/checkpoint_formats.py)
     VISSL_KEY_PREFIX: Optional[str] = ""
 
+    def __init__(self, model_cfg=None):
+        """A trunk built from ``model_cfg`` (the MODEL section) first refuses what its
+        ``check_config`` refuses, so that building it directly fails as a launch would."""
+        super().__init__()
+        if model_cfg is not None:
+            self.check_config(model_cfg)
+
+    @classmethod
+    def check_config(cls, model_cfg) -> None:
+        """Refuse the MODEL settings this trunk cannot build, naming the key; called before any
+        process starts (``check_trunk_config``) and by ``__init__``. Accepts all by default."""
+
     @property
     def stage_names(self) -> List[str]:
         return list(self.stage_dims)

@@ -254,8 +254,7 @@ class BEiTTrunk(StagedTrunk):
         check_beit_config(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
-        check_beit_config(model_cfg)
+        super().__init__(model_cfg)
         cfg = model_cfg.TRUNK.BEIT
         dim, depth, heads = int(cfg.HIDDEN_DIM), int(cfg.NUM_LAYERS), int(cfg.NUM_HEADS)
         drop = _number(cfg, "DROPOUT_RATE")

@@ -36,6 +36,7 @@ CLASSIFIERS = ("token", "gap")
 
 
 def _classy_vision_transformer():
+    # inside: classy_vision loads only when one of its trunks is used
     from ssl_engine.utils.classy import classy_vision  # noqa: F401  (warnings filtered)
     from classy_vision.models import VisionTransformer
 
@@ -86,8 +87,7 @@ class ClassyViTTrunk(StagedTrunk):
         check_classy_vit_config(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
-        check_classy_vit_config(model_cfg)
+        super().__init__(model_cfg)
         cfg = model_cfg.TRUNK.VISION_TRANSFORMERS
         logger.info("trunk classy_vit: classy_vision's ViT from VISION_TRANSFORMERS' IMAGE_SIZE, "
                     "PATCH_SIZE, NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM, the dropout rates "

@@ -47,7 +47,6 @@ Outputs (all [N, D]; VISSL's trunk returns one feature, chosen by ``CLASSIFIER``
 ``CLASS_TOKEN_IN_LOCAL_LAYERS: true`` is refused: VISSL's GPSA cannot run with the class token
 (its relative positions are those of a square grid of patches only).
 """
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -55,11 +54,10 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import StochasticDepth
 
-from ssl_engine.models.activation_checkpointing import (checkpointed_segments,
-                                                        checkpointing_splits)
+from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
-from ssl_engine.models.trunks.transformer_parts import init_linear_and_norms
+from ssl_engine.models.trunks.transformer_parts import init_linear_and_norms, run_blocks
 
 VIT = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 CONVIT = "config.MODEL.TRUNK.CONVIT"
@@ -244,8 +242,7 @@ class ConViTTrunk(StagedTrunk):
         check_convit_config(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
-        check_convit_config(model_cfg)
+        super().__init__(model_cfg)
         vit, cfg = model_cfg.TRUNK.VISION_TRANSFORMERS, model_cfg.TRUNK.CONVIT
         dim, heads, depth = int(vit.HIDDEN_DIM), int(vit.NUM_HEADS), int(vit.NUM_LAYERS)
         patch = int(vit.PATCH_SIZE)
@@ -301,15 +298,6 @@ class ConViTTrunk(StagedTrunk):
         table = F.interpolate(table, size=grid, mode="bicubic", align_corners=False)
         return table.permute(0, 2, 3, 1).reshape(1, -1, dim)
 
-    def _run(self, blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
-        if not blocks:
-            return x
-        if self.checkpoint_splits and torch.is_grad_enabled():
-            return checkpointed_segments(list(blocks), self.checkpoint_splits)(x)
-        for block in blocks:
-            x = block(x)
-        return x
-
     def forward(
         self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None
     ) -> List[torch.Tensor]:
@@ -320,8 +308,8 @@ class ConViTTrunk(StagedTrunk):
         x = self.pos_drop(x.flatten(2).transpose(1, 2) + self._position_embedding(grid))
         for block in self.blocks[:self.n_gpsa_layers]:
             block.attn.grid = grid
-        x = self._run(self.blocks[:self.n_gpsa_layers], x)
+        x = run_blocks(self.blocks[:self.n_gpsa_layers], x, self.checkpoint_splits)
         x = torch.cat([self.class_token.expand(len(x), -1, -1), x], dim=1)
-        x = self.norm(self._run(self.blocks[self.n_gpsa_layers:], x))
+        x = self.norm(run_blocks(self.blocks[self.n_gpsa_layers:], x, self.checkpoint_splits))
         found = {"lastCLS": x[:, 0], "lastPOOL": x.mean(dim=1)}
         return [found[key] for key in keys]

@@ -86,8 +86,7 @@ class ConvNeXtTrunk(StagedTrunk):
         check_convnext_config(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
-        check_convnext_config(model_cfg)
+        super().__init__(model_cfg)
         cfg = model_cfg.TRUNK.CONVNEXT
         depths, dims = [int(d) for d in cfg.DEPTH], [int(d) for d in cfg.DIMS]
         self.downsample_layers = nn.ModuleList([nn.Sequential(

@@ -23,6 +23,7 @@ CONFIG = "config.MODEL.TRUNK.EFFICIENT_NETS"
 
 
 def _classy():
+    # inside: classy_vision loads only when one of its trunks is used
     from ssl_engine.utils.classy import classy_vision  # noqa: F401  (warnings filtered)
     from classy_vision.models import efficientnet
 
@@ -54,8 +55,8 @@ def check_efficientnet_config(model_cfg) -> None:
 
 
 def build_classy_efficientnet(model_cfg) -> nn.Module:
-    """classy_vision's EfficientNet for MODEL.TRUNK.EFFICIENT_NETS (checked first)."""
-    check_efficientnet_config(model_cfg)
+    """classy_vision's EfficientNet for MODEL.TRUNK.EFFICIENT_NETS (checked by the trunk's
+    ``check_config``)."""
     cfg = model_cfg.TRUNK.EFFICIENT_NETS
     efficientnet = _classy()
     return efficientnet.EfficientNet(
@@ -81,7 +82,7 @@ class EfficientNetTrunk(StagedTrunk):
         check_efficientnet_config(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
+        super().__init__(model_cfg)
         model = build_classy_efficientnet(model_cfg)
         blocks = list(model.blocks)
         stem_width = model.conv_stem.out_channels

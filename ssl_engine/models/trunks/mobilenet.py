@@ -56,10 +56,9 @@ class MobileNetV3TVTrunk(StagedTrunk):
         check_mobilenet_config(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
+        super().__init__(model_cfg)
         from torchvision.models import mobilenet_v3_large
 
-        check_mobilenet_config(model_cfg)
         norm_layer = (partial(nn.BatchNorm2d, eps=1e-5, momentum=0.1)
                       if model_cfg.TRUNK.MOBILE_NET.get("TIMM_BN", False) else None)
         self.model = mobilenet_v3_large(weights=None, norm_layer=norm_layer)

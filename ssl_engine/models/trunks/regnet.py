@@ -50,6 +50,7 @@ OPTION_DEFAULTS: Dict[str, Any] = {
 
 
 def _classy():
+    # inside: classy_vision loads only when one of its trunks is used
     from ssl_engine.utils.classy import classy_vision  # noqa: F401  (warnings filtered)
     from classy_vision.models import anynet, regnet
     from classy_vision.models import MODEL_REGISTRY
@@ -202,8 +203,8 @@ def check_regnet_config(trunk_cfg) -> None:
 
 
 def build_classy_regnet(trunk_cfg) -> nn.Module:
-    """The classy_vision RegNet / AnyNet that MODEL.TRUNK.REGNET describes (checked first)."""
-    check_regnet_config(trunk_cfg)
+    """The classy_vision RegNet / AnyNet that MODEL.TRUNK.REGNET describes (checked by the
+    trunk's ``check_config``)."""
     anynet, regnet, registry = _classy()
     name = trunk_cfg.get("name")
     if name and name != "anynet":
@@ -228,7 +229,7 @@ class RegNetTrunk(StagedTrunk):
         checkpointing_splits(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
+        super().__init__(model_cfg)
         model = build_classy_regnet(model_cfg.TRUNK.REGNET)
         blocks = [("conv1", model.stem)]
         width = stage_out_channels(model.stem, 3)

@@ -91,9 +91,8 @@ class ResNetTrunk(StagedTrunk):
         checkpointing_splits(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
+        super().__init__(model_cfg)
         cfg = model_cfg.TRUNK.RESNETS
-        check_resnet_config(cfg)
         block, num_blocks = RESNET_DEPTHS[int(cfg.DEPTH)]
         width = float(cfg.WIDTH_MULTIPLIER)
         norm_layer = make_norm_layer(cfg.NORM, int(cfg.GROUPNORM_GROUPS))

@@ -168,9 +168,8 @@ class ResNetSKTrunk(StagedTrunk):
         checkpointing_splits(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
+        super().__init__(model_cfg)
         cfg = model_cfg.TRUNK.RESNETS_SK
-        check_resnet_sk_config(cfg)
         width, sk_ratio = int(cfg.WIDTH_MULTIPLIER), float(cfg.SK_RATIO)
         channels = 64 * width
         layers: List[nn.Module] = [make_stem(channels, sk_ratio)]

@@ -288,8 +288,7 @@ class SwinTransformerTrunk(StagedTrunk):
         check_swin_config(model_cfg)
 
     def __init__(self, model_cfg):
-        super().__init__()
-        check_swin_config(model_cfg)
+        super().__init__(model_cfg)
         cfg = model_cfg.TRUNK.SWIN_TRANSFORMER
         depths, heads = [int(d) for d in cfg.DEPTHS], [int(h) for h in cfg.NUM_HEADS]
         dim, window = int(cfg.EMBED_DIM), int(cfg.WINDOW_SIZE)

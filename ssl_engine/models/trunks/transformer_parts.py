@@ -1,8 +1,12 @@
 """Pieces the transformer trunks share (BEiT, XCiT, Swin, ConViT): the MLP of a block, under
-the parameter names VISSL's trunks give it, the usual initialisation of linear and norm layers,
-and the reading of number settings."""
+the parameter names VISSL's trunks give it, running a list of blocks (checkpointed or not), the
+usual initialisation of linear and norm layers, and the reading of number settings."""
+from typing import Sequence
+
 import torch
 from torch import nn
+
+from ssl_engine.models.activation_checkpointing import checkpointed_segments
 
 
 class Mlp(nn.Module):
@@ -23,6 +27,18 @@ class Mlp(nn.Module):
             x = self.drop(x)
         return self.drop(self.fc2(x))
 
+
+
+def run_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, splits: int) -> torch.Tensor:
+    """``blocks`` applied to ``x`` in order: as ``splits`` checkpointed segments while gradients
+    are recorded (``splits`` > 0), else one after another. ConViT's and XCiT's forward."""
+    if not blocks:
+        return x
+    if splits and torch.is_grad_enabled():
+        return checkpointed_segments(list(blocks), splits)(x)
+    for block in blocks:
+        x = block(x)
+    return x
 
 def config_number(section: str, cfg, key: str, allow_false: bool = False) -> float:
     """``cfg[key]`` as a float (a number written as a string, e.g. YAML 1.1's "1e-5", too);

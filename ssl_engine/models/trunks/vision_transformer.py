@@ -111,7 +111,7 @@ class VisionTransformerTrunk(StagedTrunk):
     default_out_feat_key = "lastCLS"
 
     def __init__(self, model_cfg):
-        super().__init__()
+        super().__init__(model_cfg)
         # imported here: timm adds about half a second to every process that imports the
         # models, which only runs with a ViT need
         from timm.models.vision_transformer import VisionTransformer

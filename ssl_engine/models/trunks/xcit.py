@@ -53,11 +53,11 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import StochasticDepth
 
-from ssl_engine.models.activation_checkpointing import (checkpointed_segments,
-                                                        checkpointing_splits)
+from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
-from ssl_engine.models.trunks.transformer_parts import Mlp, config_number, init_linear_and_norms
+from ssl_engine.models.trunks.transformer_parts import (Mlp, config_number, init_linear_and_norms,
+                                                       run_blocks)
 
 logger = logging.getLogger(__name__)
 
@@ -277,8 +277,7 @@ class XCiTTrunk(StagedTrunk):
         check_xcit_config(model_cfg)
 
     def __init__(self, model_cfg, class_attention_blocks: int = CLASS_ATTENTION_BLOCKS):
-        super().__init__()
-        check_xcit_config(model_cfg)
+        super().__init__(model_cfg)
         cfg = model_cfg.TRUNK.XCIT
         dim, heads = int(cfg.HIDDEN_DIM), int(cfg.NUM_HEADS)
         mlp_hidden = int(dim * _number(cfg, "MLP_RATIO"))
@@ -321,13 +320,6 @@ class XCiTTrunk(StagedTrunk):
         raise NotImplementedError("the XCiT outputs share one pass through the blocks: "
                                   "call forward(x, out_feat_keys)")
 
-    def _run(self, blocks: Sequence[nn.Module], x: torch.Tensor, checkpointed: bool):
-        if checkpointed and torch.is_grad_enabled():
-            return checkpointed_segments(list(blocks), len(blocks))(x)
-        for block in blocks:
-            x = block(x)
-        return x
-
     def forward(
         self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None
     ) -> List[torch.Tensor]:
@@ -337,9 +329,11 @@ class XCiTTrunk(StagedTrunk):
         x = self.pos_drop(x + self.pos_embeder(*grid))
         for block in self.blocks:
             block.grid = grid
-        x = self._run(self.blocks, x, self.checkpoint_xca)
+        # checkpointed: one segment per block
+        x = run_blocks(self.blocks, x, len(self.blocks) if self.checkpoint_xca else 0)
         x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1)
-        x = self.norm(self._run(self.cls_attn_blocks, x, self.checkpoint_class_attention))
+        splits = len(self.cls_attn_blocks) if self.checkpoint_class_attention else 0
+        x = self.norm(run_blocks(self.cls_attn_blocks, x, splits))
         found: Dict[str, torch.Tensor] = {
             "lastCLS": x[:, 0],
             "lastMAP": x[:, 1:].reshape(len(x), grid[0], grid[1], -1),

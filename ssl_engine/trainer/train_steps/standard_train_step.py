@@ -11,8 +11,8 @@ import torch
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.trainer.accumulation import average_gradients_over_ranks, gradient_sync_skipped
-from ssl_engine.trainer.amp import float32_outputs
 from ssl_engine.trainer.train_steps.registry import register_train_step
+from ssl_engine.utils.device import float32_outputs
 
 
 class NonFiniteLossError(FloatingPointError):

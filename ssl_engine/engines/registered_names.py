@@ -4,13 +4,23 @@ Collators, transforms, data sources, the trunk, heads, loss, optimizer, param sc
 meters, the train step, the task and the engine are looked up in their registries here, in
 the launching process, after ``$SSL_ENGINE_PLUGINS`` were imported (so the user's own
 components count). An unknown name is refused with one line: the key, the value and the
-closest registered name.
+closest registered name. Called by ``ssl_engine.engines.prelaunch``.
 """
 import difflib
 import os
 from typing import Callable, Dict, Iterable, Iterator, List, Tuple
 
-from ssl_engine.config.errors import ConfigError
+from ssl_engine.data import COLLATOR_REGISTRY, DATASOURCE_REGISTRY
+from ssl_engine.data.transforms import known_transforms
+from ssl_engine.engines.registry import ENGINE_REGISTRY
+from ssl_engine.losses import LOSS_REGISTRY
+from ssl_engine.meters import METER_REGISTRY
+from ssl_engine.models import MODEL_HEADS, MODEL_TRUNKS
+from ssl_engine.optimizers.param_schedulers import param_scheduler_names
+from ssl_engine.optimizers.ssl_optimizer import optimizer_names
+from ssl_engine.trainer.train_steps import TRAIN_STEP_REGISTRY
+from ssl_engine.utils.classy import TASK_REGISTRY
+from ssl_engine.utils.errors import ConfigError
 
 MAX_LISTED = 15  # registries longer than this (transforms) are not listed in the message
 
@@ -19,17 +29,6 @@ NameRef = Tuple[str, object]  # (the key as the user writes it, the name it hold
 
 def _registries() -> Dict[str, Tuple[str, Callable[[], Iterable[str]]]]:
     """kind -> (its plural for messages, a function giving its registered names)."""
-    from ssl_engine.data import COLLATOR_REGISTRY, DATASOURCE_REGISTRY
-    from ssl_engine.data.transforms import known_transforms
-    from ssl_engine.engines import ENGINE_REGISTRY
-    from ssl_engine.losses import LOSS_REGISTRY
-    from ssl_engine.meters import METER_REGISTRY
-    from ssl_engine.models import MODEL_HEADS, MODEL_TRUNKS
-    from ssl_engine.optimizers.param_schedulers import param_scheduler_names
-    from ssl_engine.optimizers.ssl_optimizer import optimizer_names
-    from ssl_engine.trainer.train_steps import TRAIN_STEP_REGISTRY
-    from ssl_engine.utils.classy import TASK_REGISTRY
-
     return {
         "collator": ("collators", COLLATOR_REGISTRY.names),
         "transform": ("transforms", known_transforms),
