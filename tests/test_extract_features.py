@@ -8,8 +8,9 @@ import torch
 from engine_utils import run_engine
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
-from ssl_engine.extraction import errors, rank_files
 from ssl_engine.extraction import features as fx
+from ssl_engine.extraction import rank_files
+from ssl_engine.extraction.errors import ExtractionError, NonFiniteFeatures
 from ssl_engine.extraction.files import extracted_paths, load_extracted
 from ssl_engine.models import BaseSSLMultiInputOutputModel, build_model
 
@@ -119,7 +120,7 @@ def test_unwritable_output_dir_fails_before_any_forward(tmp_path, forward_calls)
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     target = blocker / "features"  # a folder cannot be created under a file (even as root)
-    with pytest.raises(errors.ExtractionError, match=f"cannot write extracted features to {target}"):
+    with pytest.raises(ExtractionError, match=f"cannot write extracted features to {target}"):
         extract(tmp_path / "ckpt", [f"config.EXTRACT_FEATURES.OUTPUT_DIR={target}"])
     assert forward_calls == []
 
@@ -184,7 +185,7 @@ def test_merge_places_rows_by_index_in_chunks_and_drops_repeats(tmp_path, monkey
     rank_files.merge_rank_files(final, sources, inds_files, num_samples)
     assert np.array_equal(np.load(rank_files.temporary(final)), values)
 
-    with pytest.raises(errors.ExtractionError, match="1 of 12 dataset indices were never extracted"):
+    with pytest.raises(ExtractionError, match="1 of 12 dataset indices were never extracted"):
         rank_files.merge_rank_files(final, sources, inds_files, 12)
 
 
@@ -313,7 +314,7 @@ def test_check_finite_names_the_layer_and_the_dataset_index_of_the_first_bad_sam
     bad = fine.clone()
     bad[2, 1], bad[5, 0] = float("nan"), float("inf")
     fx.check_finite({"res4": fine, "classes": torch.arange(8)[:, None]}, inds, "TRAIN")
-    with pytest.raises(errors.NonFiniteFeatures, match=r"^the train features of layer res5avg are "
+    with pytest.raises(NonFiniteFeatures, match=r"^the train features of layer res5avg are "
                                                    r"not finite \(NaN or inf\) at dataset "
                                                    r"index 10$"):
         fx.check_finite({"res4": fine, "res5avg": bad}, inds, "TRAIN")
