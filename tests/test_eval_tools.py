@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssl_engine.evaluation.extracted import extracted_paths, load_extracted
+from ssl_engine.extraction.files import extracted_paths, load_extracted
 from ssl_engine.evaluation.knn import knn_classify
 from ssl_engine.evaluation.low_shot import low_shot_eval
 from test_extract_features import CONFIG, TINY
@@ -85,7 +85,7 @@ def test_features_of_other_weights_are_not_reused(tmp_path):
     """Features extracted from one checkpoint are re-extracted when another is asked for."""
     from ssl_engine.config import load_config
     from ssl_engine.engines.evaluate_extracted import get_or_extract
-    from ssl_engine.evaluation.extracted import has_extracted
+    from ssl_engine.extraction.files import has_extracted
     from ssl_engine.models import build_model
 
     weights = []

@@ -8,9 +8,11 @@ import torch
 from engine_utils import run_engine
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
-from ssl_engine.evaluation.extracted import extracted_paths, load_extracted
+from ssl_engine.extraction import features as fx
+from ssl_engine.extraction import rank_files
+from ssl_engine.extraction.errors import ExtractionError, NonFiniteFeatures
+from ssl_engine.extraction.files import extracted_paths, load_extracted
 from ssl_engine.models import BaseSSLMultiInputOutputModel, build_model
-from ssl_engine.trainer import feature_extraction as fx
 
 CONFIG = "config=feature_extraction/extract_resnet_digits"
 # 37 train / 21 test synthetic images, batch 8: divisible neither by the batch nor by 2 ranks
@@ -118,18 +120,18 @@ def test_unwritable_output_dir_fails_before_any_forward(tmp_path, forward_calls)
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     target = blocker / "features"  # a folder cannot be created under a file (even as root)
-    with pytest.raises(fx.ExtractionError, match=f"cannot write extracted features to {target}"):
+    with pytest.raises(ExtractionError, match=f"cannot write extracted features to {target}"):
         extract(tmp_path / "ckpt", [f"config.EXTRACT_FEATURES.OUTPUT_DIR={target}"])
     assert forward_calls == []
 
 
 def test_unknown_layer_names_the_trunk_stages_before_data_work(tmp_path, monkeypatch):
-    import ssl_engine.data
+    from ssl_engine.extraction import extractor
 
     def no_data(*args):
         raise AssertionError("a dataset was built")
 
-    monkeypatch.setattr(ssl_engine.data, "build_dataset", no_data)
+    monkeypatch.setattr(extractor, "build_dataset", no_data)
     bad_map = ("config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP="
                "[[res9,[Identity,[]]]]")
     with pytest.raises(ValueError, match=r"no stage\(s\) \['res9'\]; its stages are: conv1, "
@@ -139,7 +141,7 @@ def test_unknown_layer_names_the_trunk_stages_before_data_work(tmp_path, monkeyp
 
 
 def test_interrupted_extraction_leaves_no_final_file_and_a_rerun_completes(tmp_path, monkeypatch):
-    original = fx.RankWriter.append
+    original = rank_files.RankWriter.append
     batches = []
 
     def fail_after_first_batch(self, features, targets, inds):
@@ -148,15 +150,15 @@ def test_interrupted_extraction_leaves_no_final_file_and_a_rerun_completes(tmp_p
         batches.append(len(inds))
         original(self, features, targets, inds)
 
-    monkeypatch.setattr(fx.RankWriter, "append", fail_after_first_batch)
+    monkeypatch.setattr(rank_files.RankWriter, "append", fail_after_first_batch)
     with pytest.raises(RuntimeError, match="killed"):
         extract(tmp_path)
     assert batches == [8] and final_names(tmp_path) == []
 
     # a hard kill would leave temporaries behind: a rerun overwrites and removes them
-    monkeypatch.setattr(fx.RankWriter, "append", original)
-    leftovers = [fx.temporary(extracted_paths(tmp_path, "train", "res4")["features"], 0),
-                 fx.temporary(extracted_paths(tmp_path, "train", "res4")["features"])]
+    monkeypatch.setattr(rank_files.RankWriter, "append", original)
+    leftovers = [rank_files.temporary(extracted_paths(tmp_path, "train", "res4")["features"], 0),
+                 rank_files.temporary(extracted_paths(tmp_path, "train", "res4")["features"])]
     for path in leftovers:
         path.write_bytes(b"junk")
     extract(tmp_path)
@@ -167,24 +169,24 @@ def test_interrupted_extraction_leaves_no_final_file_and_a_rerun_completes(tmp_p
 
 def test_merge_places_rows_by_index_in_chunks_and_drops_repeats(tmp_path, monkeypatch):
     """Two rank files with shuffled, repeated indices; a chunk of 3 rows."""
-    monkeypatch.setattr(fx, "MERGE_CHUNK_BYTES", 3 * 2 * 4)
+    monkeypatch.setattr(rank_files, "MERGE_CHUNK_BYTES", 3 * 2 * 4)
     num_samples, rng = 11, np.random.default_rng(0)
     values = rng.normal(size=(num_samples, 2)).astype(np.float32)
     shares = [np.array([7, 0, 2, 9, 4, 6]), np.array([1, 3, 10, 5, 8, 0])]  # 0 twice (padding)
     sources, inds_files = [], []
     for rank, share in enumerate(shares):
         for rows, name, paths in ((values[share], "rows", sources), (share, "inds", inds_files)):
-            appender = fx.NpyAppender(tmp_path / f"{name}{rank}.npy", len(share))
+            appender = rank_files.NpyAppender(tmp_path / f"{name}{rank}.npy", len(share))
             appender.append(rows)
             appender.close()
             paths.append(appender.path)
     assert np.array_equal(np.load(sources[1]), values[shares[1]])  # rank files are .npy too
     final = tmp_path / "merged.npy"
-    fx.merge_rank_files(final, sources, inds_files, num_samples)
-    assert np.array_equal(np.load(fx.temporary(final)), values)
+    rank_files.merge_rank_files(final, sources, inds_files, num_samples)
+    assert np.array_equal(np.load(rank_files.temporary(final)), values)
 
-    with pytest.raises(fx.ExtractionError, match="1 of 12 dataset indices were never extracted"):
-        fx.merge_rank_files(final, sources, inds_files, 12)
+    with pytest.raises(ExtractionError, match="1 of 12 dataset indices were never extracted"):
+        rank_files.merge_rank_files(final, sources, inds_files, 12)
 
 
 def test_command_line_refuses_unwritable_output_before_starting(tmp_path):
@@ -312,7 +314,7 @@ def test_check_finite_names_the_layer_and_the_dataset_index_of_the_first_bad_sam
     bad = fine.clone()
     bad[2, 1], bad[5, 0] = float("nan"), float("inf")
     fx.check_finite({"res4": fine, "classes": torch.arange(8)[:, None]}, inds, "TRAIN")
-    with pytest.raises(fx.NonFiniteFeatures, match=r"^the train features of layer res5avg are "
+    with pytest.raises(NonFiniteFeatures, match=r"^the train features of layer res5avg are "
                                                    r"not finite \(NaN or inf\) at dataset "
                                                    r"index 10$"):
         fx.check_finite({"res4": fine, "res5avg": bad}, inds, "TRAIN")

@@ -9,9 +9,10 @@ import torch
 from engine_utils import run_engine
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
-from ssl_engine.data.extraction_view import check_extraction_splits, extraction_config, one_view
 from ssl_engine.engines.prelaunch import check_before_launch
-from ssl_engine.evaluation.extracted import load_extracted
+from ssl_engine.extraction.extractor import FeatureExtractor
+from ssl_engine.extraction.files import load_extracted
+from ssl_engine.extraction.one_view import check_extraction_splits, extraction_config, one_view
 from ssl_engine.models import build_model
 
 # the tiny SimCLR pretraining config (two views per image, simclr_collator), read as an
@@ -90,16 +91,14 @@ def test_without_one_view_a_multi_view_split_is_refused_before_launch_naming_the
 
 
 def test_random_augmentations_left_are_warned_about(tmp_path, caplog):
-    from ssl_engine.trainer.trainer import SelfSupervisionTrainer
-
     cfg = pretrain_config(tmp_path, "config.EXTRACT_FEATURES.ONE_DETERMINISTIC_VIEW=false",
                           "config.DATA.TRAIN.COLLATE_FUNCTION=default",
                           "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=4")
     cfg.DATA.TRAIN.TRANSFORMS = cfg.DATA.TRAIN.TRANSFORMS[1:]
-    trainer = SelfSupervisionTrainer.__new__(SelfSupervisionTrainer)
-    trainer.cfg, trainer.device = cfg, torch.device("cpu")
+    extractor = FeatureExtractor.__new__(FeatureExtractor)
+    extractor.cfg, extractor.device = cfg, torch.device("cpu")
     with caplog.at_level(logging.WARNING):
-        trainer.extract()
+        extractor.extract()
     assert ("train: random augmentations RandomResizedCrop, RandomHorizontalFlip, "
             "ImgPilColorDistortion are left in the extraction pipeline" in caplog.text)
 

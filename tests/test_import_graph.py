@@ -119,7 +119,7 @@ def test_evaluation_imports_only_data_utils_and_itself():
     graph = import_graph()
     evaluation = {name: deps for name, deps in graph.items()
                   if name == "ssl_engine.evaluation" or name.startswith("ssl_engine.evaluation.")}
-    assert "ssl_engine.evaluation.extracted" in evaluation
+    assert "ssl_engine.evaluation.labelled_features" in evaluation
     wrong = {f"{name} imports {dep}" for name, deps in evaluation.items() for dep in deps
              if not any(dep == allowed or dep.startswith(allowed + ".")
                         for allowed in EVALUATION_MAY_IMPORT)}

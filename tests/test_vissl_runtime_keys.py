@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ssl_engine.config import ConfigError, compose_config
 from ssl_engine.config.derive import derive_settings
+from ssl_engine.trainer.process import setup_distributed
 from ssl_engine.trainer.trainer import SelfSupervisionTrainer
 
 QUICK = "config=test/quick_simclr_synthetic"
@@ -34,11 +35,16 @@ def set_cfg(composed):
 
 
 def _bare_trainer(cfg, rank=0):
-    """A trainer with just what setup_distributed reads (no task, no data)."""
+    """A trainer with just what run_phase reads (no task, no data)."""
     trainer = object.__new__(SelfSupervisionTrainer)
     trainer.cfg, trainer.dist_run_id, trainer.rank, trainer.world_size = \
         cfg, "tcp://127.0.0.1:1", rank, 2
     return trainer
+
+
+def _setup_distributed(cfg, rank=0):
+    """The process group's set-up of rank ``rank`` of 2."""
+    setup_distributed(cfg, "tcp://127.0.0.1:1", rank, 2)
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
@@ -56,7 +62,7 @@ def test_nccl_variables_are_set_before_the_process_group(monkeypatch, caplog, se
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
     with caplog.at_level(logging.INFO):
-        _bare_trainer(cfg).setup_distributed()
+        _setup_distributed(cfg)
     assert seen == {"backend": backend, "debug": "INFO", "threads": "4"}
     notes = [r.getMessage() for r in caplog.records if "NCCL_DEBUG=INFO" in r.getMessage()]
     assert len(notes) == 1
@@ -69,7 +75,7 @@ def test_nccl_variables_left_alone_by_default(monkeypatch, default_cfg):
     monkeypatch.delenv("NCCL_SOCKET_NTHREADS", raising=False)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: None)
-    _bare_trainer(cfg).setup_distributed()
+    _setup_distributed(cfg)
     assert os.environ["NCCL_DEBUG"] == "WARN"
     assert "NCCL_SOCKET_NTHREADS" not in os.environ
 

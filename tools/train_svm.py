@@ -27,8 +27,8 @@ from pathlib import Path
 from ssl_engine.data.paths import SPLITS
 from ssl_engine.engines.evaluate_extracted import (evaluation_layer, extraction_layers,
                                                    get_or_extract, run_tool)
-from ssl_engine.evaluation.extracted import extracted_layers, load_extracted
 from ssl_engine.evaluation.svm import SVMSettings, check_settings, svm_eval
+from ssl_engine.extraction.files import extracted_layers, load_extracted
 
 logger = logging.getLogger("train_svm")
 

@@ -213,6 +213,17 @@ def worker_death_error(err: BaseException, cfg, split: str, iterator=None,
     )
 
 
+def stopped_on_worker_death(err: BaseException, cfg, split: str, iterator,
+                            then: str = "") -> Optional[DataWorkerDiedError]:
+    """``worker_death_error``, with the workers of ``iterator`` stopped when it is one (so that
+    torch does not report the death again): what the trainer and the extraction raise in
+    place of ``err``. None, with the workers left as they are, for any other error."""
+    died = worker_death_error(err, cfg, split, iterator, then=then)
+    if died is not None:
+        stop_workers(iterator)
+    return died
+
+
 def stop_workers(iterator) -> None:
     """Shut the worker processes of a loader iterator down now, with torch's own clean-up:
     afterwards a worker that died is not reported again (torch's SIGCHLD handler would

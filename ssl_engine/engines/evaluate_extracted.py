@@ -8,17 +8,26 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, Sequence, Tuple
 
+from ssl_engine.config import ConfigError, load_config
 from ssl_engine.data.paths import SPLITS
-from ssl_engine.evaluation.extracted import (ExtractedFeatures, extraction_dir, has_extracted,
-                                             load_extracted)
+from ssl_engine.engines.launcher import launch_distributed
+from ssl_engine.engines.prelaunch import check_before_launch
+from ssl_engine.engines.plugins import import_plugins
+from ssl_engine.extraction.errors import ExtractionError
+from ssl_engine.extraction.files import (ExtractedFeatures, extraction_dir, has_extracted,
+                                         load_extracted)
+from ssl_engine.hooks.log_hooks import append_metrics
+from ssl_engine.models import build_model
+from ssl_engine.utils.checkpoint import CheckpointError
+from ssl_engine.utils.logger import setup_logging
+from ssl_engine.utils.registry import UnknownNameError
+from ssl_engine.utils.run_lock import RunLockError
 
 logger = logging.getLogger(__name__)
 
 
 def extraction_layers(cfg) -> list:
     """The layer names the extraction of ``cfg`` writes (those of the model it builds)."""
-    from ssl_engine.models import build_model
-
     return list(build_model(cfg.MODEL).extract_layer_names())
 
 
@@ -38,9 +47,6 @@ def get_or_extract(cfg, layer: str, splits: Sequence[str] = SPLITS) -> Dict[str,
     missing or was extracted from other weights, model or data settings (see
     ``has_extracted``), the ``extract_features`` engine runs first (in this process or the
     processes ``DISTRIBUTED.NUM_PROC_PER_NODE`` asks for)."""
-    from ssl_engine.engines.launcher import launch_distributed
-    from ssl_engine.engines.prelaunch import check_before_launch
-
     folder = extraction_dir(cfg)
     missing = [split for split in splits if not has_extracted(folder, split, layer, cfg)]
     if missing:
@@ -75,15 +81,6 @@ def run_tool(argv: Sequence[str], run: Callable[[object], Tuple[Path, Dict[str, 
     ``run(cfg)``, which returns ``(folder, record)``, and append ``record`` to
     ``folder/metrics.json``. A configuration, data or checkpoint error is printed as one line
     and gives exit status 2; success gives 0."""
-    from ssl_engine.config import ConfigError, load_config
-    from ssl_engine.engines.plugins import import_plugins
-    from ssl_engine.hooks.log_hooks import append_metrics
-    from ssl_engine.trainer.feature_extraction import ExtractionError
-    from ssl_engine.utils.checkpoint import CheckpointError
-    from ssl_engine.utils.logger import setup_logging
-    from ssl_engine.utils.registry import UnknownNameError
-    from ssl_engine.utils.run_lock import RunLockError
-
     setup_logging(None)
     try:
         import_plugins()

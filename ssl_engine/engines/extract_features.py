@@ -1,10 +1,16 @@
 """The ``extract_features`` engine: a frozen model's features as numpy, per split and layer."""
 from typing import Callable, List, Optional
 
+from ssl_engine.data import check_data_paths
 from ssl_engine.engines.registry import register_engine
+from ssl_engine.extraction.extractor import FeatureExtractor
+from ssl_engine.extraction.features import check_splits, ensure_writable
+from ssl_engine.extraction.files import extraction_dir
+from ssl_engine.extraction.one_view import check_extraction_splits
 from ssl_engine.hooks import default_hook_generator
-from ssl_engine.trainer import SelfSupervisionTrainer
-from ssl_engine.trainer.trainer import machine_ranks
+from ssl_engine.models.base_ssl_model import check_model_config
+from ssl_engine.models.weights_init import check_weights_file
+from ssl_engine.trainer.process import machine_ranks
 from ssl_engine.utils.logger import setup_logging
 
 
@@ -13,13 +19,6 @@ def check_extract_config(cfg) -> None:
     data exists, extraction can read one view per image of them, the output folder is
     writable, and the weights file (MODEL.WEIGHTS_INIT.PARAMS_FILE) loads and holds a state
     dict."""
-    from ssl_engine.data import check_data_paths
-    from ssl_engine.data.extraction_view import check_extraction_splits
-    from ssl_engine.evaluation.extracted import extraction_dir
-    from ssl_engine.models.base_ssl_model import check_model_config
-    from ssl_engine.models.weights_init import check_weights_file
-    from ssl_engine.trainer.feature_extraction import check_splits, ensure_writable
-
     model = check_model_config(cfg.MODEL)
     if model is not None:
         model.extract_layer_names()  # e.g. heads asked for where the model has none
@@ -39,5 +38,4 @@ def extract_main(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
     (or CHECKPOINT.DIR). The weights come from MODEL.WEIGHTS_INIT; hooks are not run."""
     _, rank, _ = machine_ranks()
     setup_logging(checkpoint_folder or cfg.CHECKPOINT.DIR, rank)
-    trainer = SelfSupervisionTrainer(cfg, dist_run_id, checkpoint_path, checkpoint_folder)
-    trainer.extract()
+    FeatureExtractor(cfg, dist_run_id, checkpoint_folder).extract()

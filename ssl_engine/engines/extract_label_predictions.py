@@ -1,21 +1,20 @@
 """The ``extract_label_predictions`` engine: the class predictions of a frozen model's heads
 (top-k classes, softmax scores), with targets and dataset indices, as numpy per split and
-output (ssl_engine/trainer/label_predictions.py)."""
+output (ssl_engine/extraction/label_predictions.py)."""
 from typing import Callable, List, Optional
 
 from ssl_engine.engines.extract_features import check_extract_config
 from ssl_engine.engines.registry import register_engine
+from ssl_engine.extraction.extractor import FeatureExtractor
+from ssl_engine.extraction.label_predictions import check_prediction_config
 from ssl_engine.hooks import default_hook_generator
-from ssl_engine.trainer import SelfSupervisionTrainer
-from ssl_engine.trainer.trainer import machine_ranks
+from ssl_engine.trainer.process import machine_ranks
 from ssl_engine.utils.logger import setup_logging
 
 
 def check_label_predictions_config(cfg) -> None:
     """Heads and meters fit (label_predictions.check_prediction_config), then what
     extract_features checks: splits, data, output folder, weights file."""
-    from ssl_engine.trainer.label_predictions import check_prediction_config
-
     check_prediction_config(cfg)
     check_extract_config(cfg)
 
@@ -30,5 +29,4 @@ def extract_label_predictions_main(cfg, dist_run_id: str, checkpoint_path: Optio
     MODEL.WEIGHTS_INIT; hooks are not run."""
     _, rank, _ = machine_ranks()
     setup_logging(checkpoint_folder or cfg.CHECKPOINT.DIR, rank)
-    trainer = SelfSupervisionTrainer(cfg, dist_run_id, checkpoint_path, checkpoint_folder)
-    trainer.extract_label_predictions()
+    FeatureExtractor(cfg, dist_run_id, checkpoint_folder).extract_label_predictions()

@@ -24,7 +24,7 @@ from ssl_engine.engines import get_engine
 from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.engines.prelaunch import holds_run_lock, load_checked_config, started_by_torchrun
 from ssl_engine.engines.slurm import is_local, submit
-from ssl_engine.trainer.feature_extraction import ExtractionError
+from ssl_engine.extraction.errors import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.utils.logger import launcher_logging

@@ -6,7 +6,7 @@ from ssl_engine.config import ConfigError
 from ssl_engine.engines.registry import register_engine
 from ssl_engine.hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
-from ssl_engine.trainer.trainer import machine_ranks
+from ssl_engine.trainer.process import machine_ranks
 from ssl_engine.utils.checkpoint import (CheckpointError, check_latest_pointer, list_checkpoints,
                                          load_latest_checkpoint)
 from ssl_engine.utils.io import os_error_text, writable_folder_error

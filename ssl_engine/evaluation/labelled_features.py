@@ -4,7 +4,8 @@ Both splits are read with the TEST split's transforms (first view of each sample
 collator, standard labels, no shuffling and no dropped samples. Every rank computes the
 features of its share of the data (the distributed sampler's, padded with repeats); the shares
 are all-gathered batch by batch and rank 0 puts them in dataset order, keeping one row per
-``data_idx``. Other ranks get None.
+``data_idx``. Other ranks get None. Used by the kNN and feature-report hooks during training
+(the extraction of whole splits to files is ``ssl_engine.extraction``, above the hooks).
 """
 import contextlib
 import copy
@@ -14,11 +15,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ssl_engine.data import build_dataloader, build_dataset
 from ssl_engine.data.paths import SPLITS
 from ssl_engine.evaluation.features import FeaturesFn, feature_batches
 from ssl_engine.utils import rng
+from ssl_engine.utils.cpu_budget import loader_workers
 from ssl_engine.utils.distributed import gather_from_all, is_primary
-
 
 
 class LabelledFeatures(NamedTuple):
@@ -61,8 +63,6 @@ class EvalSplits:
     """The TRAIN and TEST datasets of ``eval_data_config(cfg)``, first views only."""
 
     def __init__(self, cfg):
-        from ssl_engine.data import build_dataset
-
         self.cfg = eval_data_config(cfg)
         self.datasets = {split: FirstView(build_dataset(self.cfg, split)) for split in SPLITS}
 
@@ -76,9 +76,6 @@ class EvalSplits:
                        ) -> Optional[LabelledFeatures]:
         """Features of every sample of ``split`` in index order on rank 0, None elsewhere
         (a collective call: every rank must take part)."""
-        from ssl_engine.data import build_dataloader
-        from ssl_engine.utils.cpu_budget import loader_workers
-
         dataset, data_cfg = self.datasets[split], self.cfg.DATA
         loader = build_dataloader(dataset, data_cfg[split],
                                   num_workers=loader_workers(self.cfg),

@@ -1,26 +1,19 @@
-"""SelfSupervisionTrainer: sets up torch.distributed, builds the task, runs its phases."""
-import datetime
+"""SelfSupervisionTrainer: sets up the process (``trainer/process.py``), builds the task, runs
+its phases."""
 import logging
-import os
 from typing import List, Optional
 
-import torch
-import torch.distributed as dist
-
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
-from ssl_engine.utils import rng
 from ssl_engine.data.datasources.image_io import ImageLoadError
 from ssl_engine.data.labels import MixedLabelShapes
-from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_death_error
+from ssl_engine.data.loader import DataWorkerDiedError, stopped_on_worker_death
 from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.trainer.cuda_cache import CudaCacheClearer
+from ssl_engine.trainer.process import setup_process
 from ssl_engine.utils.checkpoint import (CheckpointError, last_saved, load_checkpoint,
                                          load_latest_checkpoint)
 from ssl_engine.utils.classy import TASK_REGISTRY
-from ssl_engine.utils.cpu_budget import configure_threads
-from ssl_engine.utils.distributed import (barrier, elastic_attempt_store, export_nccl_settings,
-                                          get_rank)
-from ssl_engine.utils.host_memory import reuse_freed_memory
+from ssl_engine.utils.distributed import barrier, get_rank
 from ssl_engine.utils.registry import lookup
 from ssl_engine.utils.stop_request import RunStopped, StopRequest, signal_name
 
@@ -35,18 +28,9 @@ RESUME_HINT = (". Checkpoints already written are intact: continue with "
                "config.CHECKPOINT.AUTO_RESUME=true")
 
 
-def machine_ranks():
-    """(local_rank, global_rank, world_size) from the environment the launcher set."""
-    return (
-        int(os.environ.get("LOCAL_RANK", 0)),
-        int(os.environ.get("RANK", 0)),
-        int(os.environ.get("WORLD_SIZE", 1)),
-    )
-
-
 class SelfSupervisionTrainer:
-    """Trains (``train()``) the task named by ``TRAINER.TASK_NAME``, or extracts features
-    (``extract()``).
+    """Trains (``train()``) the task named by ``TRAINER.TASK_NAME``; the ``train`` engine calls
+    it (extraction has its own entry point: ``ssl_engine.extraction.extractor``).
 
     Args:
         cfg: the checked config (the AttrDict under ``config``).
@@ -62,16 +46,7 @@ class SelfSupervisionTrainer:
                  checkpoint_folder: Optional[str] = None, hooks: Optional[List] = None):
         self.cfg = cfg
         self.dist_run_id = dist_run_id
-        self.local_rank, self.rank, self.world_size = machine_ranks()
-        self.device = self._select_device()
-        resources = configure_threads(cfg)
-        if self.rank == 0:
-            logger.info("cores: %s", resources)
-        if cfg.MACHINE.get("REUSE_FREED_MEMORY", True) and not reuse_freed_memory():
-            logger.debug("MACHINE.REUSE_FREED_MEMORY: the C library is not glibc; "
-                         "its allocator's defaults stay")
-        self.setup_distributed()
-        rng.set_seeds(cfg.SEED_VALUE + self.rank)
+        self.local_rank, self.rank, self.world_size, self.device = setup_process(cfg, dist_run_id)
         if checkpoint_folder:
             cfg.CHECKPOINT.DIR = checkpoint_folder
         task_class = lookup(TASK_REGISTRY, cfg.TRAINER.TASK_NAME, "task")
@@ -79,27 +54,6 @@ class SelfSupervisionTrainer:
         self.task.set_hooks(hooks or [])
         self.checkpoint_path = checkpoint_path
         self.cuda_cache = CudaCacheClearer(cfg, self.device, log=self.rank == 0)
-
-    def _select_device(self) -> torch.device:
-        if self.cfg.MACHINE.DEVICE == "gpu":
-            torch.cuda.set_device(self.local_rank)
-            return torch.device("cuda", self.local_rank)
-        return torch.device("cpu")
-
-    def setup_distributed(self) -> None:
-        if dist.is_initialized():
-            return
-        backend = self.cfg.DISTRIBUTED.BACKEND
-        export_nccl_settings(self.cfg, backend, log_note=self.rank == 0)
-        logger.info("init process group: backend=%s rank=%d world=%d init=%s",
-                    backend, self.rank, self.world_size, self.dist_run_id)
-        minutes = float(self.cfg.DISTRIBUTED.get("TIMEOUT_MINUTES", 30))
-        timeout = datetime.timedelta(minutes=minutes)
-        store = elastic_attempt_store(self.world_size, timeout) \
-            if self.dist_run_id == "env://" else None
-        dist.init_process_group(backend=backend, init_method=None if store else self.dist_run_id,
-                                store=store, rank=self.rank, world_size=self.world_size,
-                                timeout=timeout)
 
     def _find_checkpoint(self, checkpoint_path: Optional[str]):
         if checkpoint_path:
@@ -146,10 +100,9 @@ class SelfSupervisionTrainer:
             task.run_hook(Event.on_exception)
             raise
         except BaseException as err:
-            died = worker_death_error(err, self.cfg, "TRAIN" if task.train else "TEST",
-                                      task.data_iterator, then=RESUME_HINT)
+            died = stopped_on_worker_death(err, self.cfg, "TRAIN" if task.train else "TEST",
+                                           task.data_iterator, then=RESUME_HINT)
             if died is not None:
-                stop_workers(task.data_iterator)
                 logger.error("training stopped on rank %d: %s", get_rank(), died)
                 task.run_hook(Event.on_exception)
                 raise died from None
@@ -182,61 +135,3 @@ class SelfSupervisionTrainer:
             " without saving (config.CHECKPOINT.SAVE_ON_SIGTERM=false)"
         raise stop.stopped(f"stopped by {signal_name(stop.signum)} after iteration "
                            f"{task.iteration}{unsaved}: {last_saved(self.cfg.CHECKPOINT.DIR)}")
-
-    def extract(self):
-        """Write the features of every split in EXTRACT_FEATURES.SPLITS and every layer the
-        model extracts (MODEL.FEATURE_EVAL_SETTINGS), from the frozen model with the weights
-        of MODEL.WEIGHTS_INIT; return {split: {layer: {kind: path}}}."""
-        from ssl_engine.trainer import feature_extraction as fx
-
-        cfg, model, datasets, folder = self._extraction_setup(
-            lambda model: model.extract_layer_names(), "layers")
-        return fx.extract_features(model.to(self.device), datasets, cfg, self.device, folder)
-
-    def extract_label_predictions(self):
-        """Write the label predictions of the heads (top-k classes, softmax scores) with the
-        targets and dataset indices of every split in EXTRACT_FEATURES.SPLITS; return
-        {split: {output: {kind: path}}} (see ssl_engine/trainer/label_predictions.py)."""
-        from ssl_engine.trainer import label_predictions as lp
-
-        cfg, model, datasets, folder = self._extraction_setup(lp.prediction_names, "outputs")
-        return lp.extract_label_predictions(model.to(self.device), datasets, cfg, self.device,
-                                            folder)
-
-    def _extraction_setup(self, names_fn, what: str):
-        """(the extraction config, the frozen model with the weights of MODEL.WEIGHTS_INIT,
-        {split: dataset}, the output folder); ``names_fn(model)`` names the outputs logged."""
-        from ssl_engine.data import build_dataset
-        from ssl_engine.data.extraction_view import check_extraction_splits, extraction_config
-        from ssl_engine.evaluation.extracted import extraction_dir
-        from ssl_engine.models import build_model
-        from ssl_engine.models.weights_init import load_weights_init
-        from ssl_engine.trainer import feature_extraction as fx
-
-        cfg = self.cfg
-        folder = fx.ensure_writable(extraction_dir(cfg))
-        splits = fx.check_splits(cfg.EXTRACT_FEATURES.SPLITS)
-        with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank
-            torch.manual_seed(cfg.SEED_VALUE)
-            model = build_model(cfg.MODEL)
-        layers = names_fn(model)
-        if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE:
-            report = load_weights_init(model, cfg.MODEL.WEIGHTS_INIT)  # logs its summary
-            logger.info("extracting with %d tensors of %s (%d model tensors not in the file)",
-                        len(report.loaded), report.params_file, len(report.missing))
-        else:
-            logger.warning("config.MODEL.WEIGHTS_INIT.PARAMS_FILE is empty: extracting the "
-                           "features of a randomly initialised model")
-        logger.info("extracting %s %s of splits %s", what, ", ".join(layers), ", ".join(splits))
-        cfg, changes = extraction_config(cfg, splits)
-        for split, changed in changes.items():
-            if changed:
-                logger.info("%s: one deterministic view per image "
-                            "(config.EXTRACT_FEATURES.ONE_DETERMINISTIC_VIEW=true): %s",
-                            split.lower(), "; ".join(changed))
-        for split, names in check_extraction_splits(cfg, splits).items():
-            logger.warning("%s: random augmentations %s are left in the extraction pipeline "
-                           "(config.EXTRACT_FEATURES.ONE_DETERMINISTIC_VIEW=false): each "
-                           "extraction gives other features", split.lower(), ", ".join(names))
-        datasets = {split: build_dataset(cfg, split) for split in splits}
-        return cfg, model, datasets, folder

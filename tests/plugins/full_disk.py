@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from ssl_engine.trainer import feature_extraction
+from ssl_engine.extraction import rank_files
 
 _counts = {"save": 0, "rows": 0}
 
@@ -33,7 +33,7 @@ def save(obj, f, *args, **kwargs):
     return _save(obj, f, *args, **kwargs)
 
 
-_append = feature_extraction.NpyAppender.append
+_append = rank_files.NpyAppender.append
 
 
 def append(self, rows):
@@ -44,4 +44,4 @@ def append(self, rows):
 
 
 torch.save = save
-feature_extraction.NpyAppender.append = append
+rank_files.NpyAppender.append = append

@@ -15,7 +15,7 @@ class ImgPilColorDistortion:
     """SimCLR colour distortion: with p=0.8 ColorJitter(0.8s, 0.8s, 0.8s, 0.2s), then grayscale
     with p=0.2, where s is ``strength``."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     def __init__(self, strength: float = 1.0):
         self.strength = strength
@@ -33,7 +33,7 @@ class ImgPilColorDistortion:
 class ImgPilRandomColorJitter:
     """With probability ``p``, SimCLR's ColorJitter of ``strength`` (no grayscale)."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     def __init__(self, strength: float = 1.0, p: float = 0.8):
         self.strength, self.p = strength, check_probability(p)

@@ -26,7 +26,7 @@ class GaussianBlur(T.GaussianBlur):
     the output is the same 8-bit image (tested), at a fraction of the cost on small images
     (benchmarks/transforms_speed.py).  Other inputs and kernels go to torchvision."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     def forward(self, img):
         height, width = self.kernel_size[1], self.kernel_size[0]

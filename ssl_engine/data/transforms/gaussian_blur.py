@@ -8,7 +8,7 @@ from ssl_engine.data.registry import register_transform
 class ImgPilGaussianBlur:
     """With probability ``p``, a PIL Gaussian blur of radius uniform in [radius_min, radius_max]."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     def __init__(self, p: float = 0.5, radius_min: float = 0.1, radius_max: float = 2.0):
         if not 0.0 <= p <= 1.0 or radius_min > radius_max:

@@ -23,7 +23,7 @@ class ImgPatchesFromTensor:
     a random offset in [0, patch_jitter) inside its cell. Patches are listed column by column
     (patch ``i * g + j``: column i, row j), as VISSL lists them."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     def __init__(self, num_patches: int = 9, patch_jitter: int = 21):
         side = math.isqrt(int(num_patches))

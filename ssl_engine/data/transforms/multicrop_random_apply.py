@@ -11,7 +11,7 @@ class ImgPilMultiCropRandomApply:
     """After the views are made: the ``transforms`` (a TRANSFORMS-style list) applied to view i
     with probability ``prob[i]``, e.g. BYOL's solarization ``prob: [0.0, 0.2]``."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     takes_views = True
 

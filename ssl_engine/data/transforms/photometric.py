@@ -39,7 +39,7 @@ class ImgPilRandomPhotometric:
     """With probability ``p``: random posterize, random sharpness, random solarize, then
     autocontrast, all four in this order (PIRL)."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     def __init__(self, p: float = 0.66):
         self.p = check_probability(p)

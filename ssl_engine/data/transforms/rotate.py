@@ -9,7 +9,7 @@ class ImgRotatePil:
     """Rotates by one of ``num_angles`` angles evenly spaced in [0, 360), drawn uniformly; the
     label of the view becomes the angle's index (RotNet: the model predicts the rotation)."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     sets_label = True
 

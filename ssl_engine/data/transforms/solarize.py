@@ -10,7 +10,7 @@ class ImgPilRandomSolarize:
     0..256 (VISSL's behaviour), or >= ``threshold`` when given (BYOL's recipe: 128).
     ``prob`` is accepted as another name of ``p``."""
 
-    random_augmentation = True  # dropped from extraction pipelines (data/extraction_view.py)
+    random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
 
     def __init__(self, p: float = 0.66, threshold: int = None, prob: float = None):
         self.p = check_probability(p if prob is None else prob)

@@ -19,6 +19,11 @@ each extracted split's pipeline is rewritten by this rule:
 
 Everything else (Resize, CenterCrop, ToTensor, Normalize, user transforms not marked random)
 is kept in order.
+
+Used by the extraction (``extractor.py``), its pre-launch check (``engines/extract_features.py``)
+and the record of what a split was extracted from (``files.extraction_signature``). The data
+transforms only declare the class flags this rule reads (``random_augmentation``,
+``makes_views``): ``ssl_engine.data`` imports nothing of the extraction.
 """
 import copy
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple

@@ -1,6 +1,7 @@
 """Label predictions of a classification model, streamed to disk as the features are
-(ssl_engine/trainer/feature_extraction.py: every rank writes its rows, rank 0 places them by
-dataset index; any number of processes).
+(``features.py``: every rank writes its rows, rank 0 places them by dataset index; any number of
+processes). Called by ``extractor.FeatureExtractor.extract_label_predictions``; its config check
+by the ``extract_label_predictions`` engine before launch.
 
 For every split of EXTRACT_FEATURES.SPLITS and every output of the heads, into
 EXTRACT_FEATURES.OUTPUT_DIR (or CHECKPOINT.DIR):
@@ -22,7 +23,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from ssl_engine.trainer.feature_extraction import extract_features
+from ssl_engine.extraction.features import extract_features
 from ssl_engine.utils.distributed import get_rank
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,13 @@
-"""Extracted feature files: where they are, whether they are complete, and loading them.
-(Running the ``extract_features`` engine when they are missing is
-``ssl_engine.engines.evaluate_extracted``'s work: this package builds no model and starts no
-process.)
+"""Extracted feature files: where they are, whether they are complete and current, and loading
+them. Written by the extraction (``features.py``); read by the evaluation tools
+(``ssl_engine.engines.evaluate_extracted``, ``tools/train_svm.py``), which run the
+``extract_features`` engine first when files are missing or stale.
+
+This is the extraction's output format, so it lives here rather than in
+``ssl_engine.evaluation``: whether files are current is judged against the extraction's own
+record of what it read (``extraction_signature``, which applies the one-view rewrite of
+``one_view.py``), and no module of ``ssl_engine.evaluation`` reads files: k-NN, SVM and
+low-shot compute on the arrays they are given.
 
 A split and layer has three files in the extraction folder (``EXTRACT_FEATURES.OUTPUT_DIR``,
 or ``CHECKPOINT.DIR`` when empty): ``<split>_<layer>_features.npy`` (float32, N x D),
@@ -17,7 +23,7 @@ from typing import Dict, List, NamedTuple, Sequence
 
 import numpy as np
 
-from ssl_engine.data.extraction_view import extraction_config
+from ssl_engine.extraction.one_view import extraction_config
 
 FILE_KINDS = ("features", "targets", "inds")
 
