@@ -23,9 +23,9 @@ from ssl_engine.utils.classy import ClassyLoss
 class StepContext:
     """Where the run stands when a loss is computed."""
 
-    iteration: int = 0  # optimizer updates done so far in the run (a resumed run: from its checkpoint)
-    phase_idx: int = 0  # index of the current phase (train and test phases alternate)
-    train: bool = True  # whether the step trains: evaluation steps must leave the loss's state alone
+    iteration: int = 0  # optimizer updates done so far in the run (resumed: from the checkpoint)
+    phase_idx: int = 0  # index of the current phase in ``task.phases``
+    train: bool = True  # whether the step trains: evaluation steps leave the loss's state alone
     total_iterations: int = 0  # optimizer updates of the whole run
 
     @classmethod
@@ -46,8 +46,7 @@ class SSLLoss(ClassyLoss):
     def from_config(cls, config: Mapping[str, Any]) -> "SSLLoss":
         """The loss built from its settings ``LOSS.<name>`` (``build_loss``): each parameter of
         ``__init__`` takes the value of the key of its name (or of ``config_keys``), or its
-        default when the key is absent.  Other keys are not read (the config's validation
-        refuses unknown ones before launch)."""
+        default when the key is absent.  Keys that name no parameter are not read."""
         return cls(**cls.config_arguments(config))
 
     @classmethod
