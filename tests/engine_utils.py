@@ -12,6 +12,7 @@ import torch
 from ssl_engine.config import load_config
 from ssl_engine.engines.launcher import launch_distributed
 from ssl_engine.engines.prelaunch import check_before_launch
+from ssl_engine.losses import SSLLoss
 from ssl_engine.utils.checkpoint import load_checkpoint
 
 QUICK = "config=test/quick_simclr_synthetic"
@@ -25,6 +26,18 @@ def run_engine(checkpoint_dir: Path, overrides: Sequence[str] = (), hook_generat
     check_before_launch(engine_name, cfg)
     launch_distributed(cfg, engine_name, hook_generator=hook_generator)
     return cfg
+
+
+class FunctionLoss(SSLLoss):
+    """The loss of a hand-made task: ``fn(output, target)``, with the loss contract's
+    defaults."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, output, target):
+        return self.fn(output, target)
 
 
 def final_weights(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:

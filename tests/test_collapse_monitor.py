@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ssl_engine.hooks.collapse_monitor_hook import CollapseMonitorHook, embedding_std
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.swav_loss import SwAVLoss
 
 
@@ -25,7 +26,7 @@ def test_embedding_std_is_one_when_spread_and_zero_when_collapsed():
 
 def test_hook_records_every_training_step_and_warns_once(caplog):
     hook = CollapseMonitorHook(min_embedding_std=0.05)
-    task = SimpleNamespace(train=True, iteration=3, monitor_stats=[], loss=torch.nn.Identity(),
+    task = SimpleNamespace(train=True, iteration=3, monitor_stats=[], loss=SSLLoss(),
                            last_model_output=[torch.ones(8, 16)])
     with caplog.at_level(logging.WARNING):
         hook.on_loss_and_meter(task)

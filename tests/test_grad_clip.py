@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from engine_utils import FunctionLoss
 from ssl_engine.config import ConfigError, compose_config
 from ssl_engine.optimizers import build_optimizer
 from ssl_engine.trainer.amp import MixedPrecision
@@ -119,8 +120,8 @@ def test_the_standard_train_step_updates_with_clipped_gradients():
     task.__dict__.update(
         data_iterator=iter([{"input": inputs, "target": torch.zeros(6)}]),
         to_device=lambda batch: batch, train=True, model=model, run_hook=run_hook,
-        loss=lambda output, target: output.pow(2).sum() * 10.0, losses=[], loss_terms=[],
-        meters=[], iteration_num_in_phase=0)
+        loss=FunctionLoss(lambda output, target: output.pow(2).sum() * 10.0), losses=[],
+        loss_terms=[], meters=[], phase_idx=0, max_iteration=1, iteration_num_in_phase=0)
     standard_train_step(task)
     assert norms == [pytest.approx(0.5, rel=1e-5)] and task.iteration == 1
 

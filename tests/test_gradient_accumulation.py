@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from engine_utils import final_weights, metrics, run_engine
+from engine_utils import FunctionLoss, final_weights, metrics, run_engine
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_loss
 
@@ -86,8 +86,9 @@ def test_the_update_of_a_shorter_group_uses_the_mean_gradient_of_its_micro_batch
     batches = [{"input": torch.randn(4, 3), "target": torch.zeros(4)} for _ in range(2)]
     task = SimpleNamespace(
         data_iterator=iter(batches), to_device=lambda b: b, model=model, base_model=model,
-        train=True, loss=lambda out, target: (out.squeeze(1) ** 2).mean(), meters=[], losses=[],
-        loss_terms=[], run_hook=lambda event: None, iteration=0, phase_idx=0,
+        train=True, loss=FunctionLoss(lambda out, target: (out.squeeze(1) ** 2).mean()),
+        meters=[], losses=[], loss_terms=[], run_hook=lambda event: None, iteration=0,
+        phase_idx=0, max_iteration=1,
         iteration_num_in_phase=0, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         amp=MixedPrecision(None, "cpu"), accumulation_steps=3,  # the data ends after 2
     )

@@ -12,8 +12,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from ssl_engine.hooks.frozen_params_hook import FrozenParamsHook
-from ssl_engine.hooks.loss_position_hook import LossPositionHook
-from ssl_engine.losses import DINOLoss
+from ssl_engine.losses import DINOLoss, StepContext
 from ssl_engine.models.heads.dino_head import DINOHead
 
 K = 16
@@ -23,9 +22,11 @@ def randn(*shape, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def loss_step(loss_fn: DINOLoss, student: torch.Tensor, teacher: torch.Tensor, iteration: int):
-    """One loss computation as the engine runs it: the hook's iteration, the target's output."""
-    loss_fn.iteration, loss_fn.target_output = iteration, teacher
+def loss_step(loss_fn: DINOLoss, student: torch.Tensor, teacher: torch.Tensor, iteration: int,
+              train: bool = True):
+    """One loss computation as the engine runs it: the step's context, the target's output."""
+    loss_fn.begin_step(StepContext(iteration=iteration, train=train))
+    loss_fn.target_output = teacher
     return loss_fn([student])
 
 
@@ -70,12 +71,13 @@ def test_teacher_temperature_warms_up_linearly_then_stays():
     assert (one.teacher_temp_at(0), one.teacher_temp_at(1)) == (0.04, 0.07)
 
 
-def test_evaluation_steps_leave_the_center_alone_and_the_hook_sets_the_position():
+def test_evaluation_steps_leave_the_center_alone_and_the_task_gives_the_position():
     loss_fn = DINOLoss(output_dim=K)
-    task = SimpleNamespace(loss=loss_fn, iteration=7, train=False)
-    LossPositionHook().on_forward(task)
-    assert (loss_fn.iteration, loss_fn.train_step) == (7, False)
-    loss_step(loss_fn, randn(4 * 2, K, seed=1), randn(4 * 2, K, seed=2), 7)
+    task = SimpleNamespace(loss=loss_fn, iteration=7, phase_idx=1, train=False, max_iteration=9)
+    loss_fn.begin_step(StepContext.of_task(task))
+    assert loss_fn.step_context == StepContext(iteration=7, phase_idx=1, train=False,
+                                               total_iterations=9)
+    loss_step(loss_fn, randn(4 * 2, K, seed=1), randn(4 * 2, K, seed=2), 7, train=False)
     assert torch.equal(loss_fn.center, torch.zeros(1, K))
 
 

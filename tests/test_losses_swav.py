@@ -7,6 +7,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from lightly.loss.swav_loss import SwaVLoss, sinkhorn
 
+from ssl_engine.losses.base import StepContext
 from ssl_engine.losses.sinkhorn import distributed_sinkhorn
 from ssl_engine.losses.swav_loss import SwAVLoss
 from ssl_engine.models.heads.swav_head import SwAVPrototypesHead
@@ -99,8 +100,8 @@ def test_queue_rows_join_the_sinkhorn_problem_once_full_and_only_from_start_iter
                                                         for q in queue_embeddings]
         return SwaVLoss()(list(scores.chunk(2)), [], queued).item()
 
-    def step(index):
-        loss_fn.iteration = index
+    def step(index, train=True):
+        loss_fn.begin_step(StepContext(iteration=index, train=train))
         embedding = steps[index]
         return loss_fn([embedding, embedding @ prototypes.t()]).item()
 
@@ -112,9 +113,8 @@ def test_queue_rows_join_the_sinkhorn_problem_once_full_and_only_from_start_iter
     torch.testing.assert_close(loss_fn.queue, torch.stack(queue))  # newest first
     assert step(3) == pytest.approx(reference(steps[3], queue), rel=1e-5)
     # an evaluation step leaves the queue as it is
-    loss_fn.train_step = False
     before = loss_fn.queue.clone()
-    step(3)
+    step(3, train=False)
     assert torch.equal(loss_fn.queue, before)
 
 
@@ -140,7 +140,7 @@ def test_hard_assignments_during_the_first_iterations():
     loss_fn = SwAVLoss(embedding_dim=DIM, num_prototypes=[K], temp_hard_assignment_iters=1)
     q = loss_fn.assignments(scores[:batch], 0, 0)
     assert torch.equal(q.sum(dim=1), torch.ones(batch)) and set(q.unique().tolist()) == {0, 1}
-    loss_fn.iteration = 1
+    loss_fn.begin_step(StepContext(iteration=1))
     assert not set(loss_fn.assignments(scores[:batch], 0, 0).unique().tolist()) <= {0, 1}
 
 

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine_utils import FunctionLoss
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.train_steps.standard_train_step import (
     NonFiniteLossError, standard_train_step,
@@ -26,8 +27,9 @@ def fake_task(loss_value):
     batch = {"input": torch.ones(3, 2), "target": torch.zeros(3, dtype=torch.long)}
     return SimpleNamespace(
         data_iterator=iter([batch]), to_device=lambda b: b, model=model, train=True,
-        loss=lambda out, target: out.sum() * 0 + loss_value, meters=[], losses=[], loss_terms=[],
-        run_hook=lambda event: None, iteration=41, phase_idx=3, iteration_num_in_phase=5,
+        loss=FunctionLoss(lambda out, target: out.sum() * 0 + loss_value), meters=[], losses=[],
+        loss_terms=[], run_hook=lambda event: None, iteration=41, phase_idx=3, max_iteration=50,
+        iteration_num_in_phase=5,
         optimizer=RecordingOptimizer(), where=0.5, amp=MixedPrecision(None, "cpu"),
     )
 

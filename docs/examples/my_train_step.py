@@ -14,6 +14,7 @@ import time
 import torch
 
 from ssl_engine.hooks import SSLClassyHookFunctions as Event
+from ssl_engine.losses import StepContext
 from ssl_engine.trainer import register_train_step
 from ssl_engine.trainer.train_steps.standard_train_step import (
     check_loss_is_finite, fetch_batch, forward_loss_and_meters, update,
@@ -39,6 +40,7 @@ def accumulate_and_clip_step(task):
         task.optimizer.zero_grad()
         total = 0.0
         parts = micro_batches(batch, ACCUMULATE)
+        task.loss.begin_step(StepContext.of_task(task))  # the loss's view of the step
         for inputs, targets in parts:
             loss = task.loss(task.model(inputs), targets) / len(parts)
             check_loss_is_finite(task, loss)

@@ -42,14 +42,13 @@ def check_train_config(cfg) -> None:
     schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
     weights file it starts from loads."""
     from ssl_engine.data import check_data_paths
-    from ssl_engine.losses import LOSS_REGISTRY
+    from ssl_engine.losses import loss_class
     from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
                                                   check_trainable)
     from ssl_engine.models.sync_bn import check_sync_bn_config
     from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
     from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable_reason
     from ssl_engine.trainer.grad_clip import GradClip
-    from ssl_engine.utils.registry import lookup
 
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
@@ -70,9 +69,7 @@ def check_train_config(cfg) -> None:
         model = check_model_config(cfg.MODEL)
         if model is not None:
             check_trainable(model)
-    check_model = getattr(lookup(LOSS_REGISTRY, cfg.LOSS.name, "loss"), "check_model_config", None)
-    if check_model is not None:  # e.g. a predictor head the method needs
-        check_model(cfg.MODEL)
+    loss_class(cfg.LOSS.name).check_model_config(cfg.MODEL)  # e.g. a predictor head it needs
     splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
     for split in splits:
         check_data_paths(cfg, split)

@@ -85,8 +85,6 @@ def extra_hooks(cfg) -> List[SSLHook]:
 def loss_hooks(cfg) -> List[SSLHook]:
     """The hooks the loss of ``cfg.LOSS.name`` works with (its ``build_hooks``), e.g. the one
     that runs and updates a momentum target network."""
-    from ssl_engine.losses import LOSS_REGISTRY
-    from ssl_engine.utils.registry import lookup
+    from ssl_engine.losses import loss_class
 
-    build_hooks = getattr(lookup(LOSS_REGISTRY, cfg.LOSS.name, "loss"), "build_hooks", None)
-    return list(build_hooks()) if build_hooks is not None else []
+    return list(loss_class(cfg.LOSS.name).build_hooks())

@@ -42,12 +42,11 @@ class CollapseMonitorHook(SSLHook):
         stats: Dict[str, torch.Tensor] = {}
         output = task.last_model_output
         first = output[0] if isinstance(output, (list, tuple)) else output
-        monitored = getattr(task.loss, "monitor_embedding", True)
-        if monitored and torch.is_tensor(first) and first.dim() == 2 and first.shape[0] > 1:
+        if (task.loss.monitor_embedding and torch.is_tensor(first) and first.dim() == 2
+                and first.shape[0] > 1):
             stats["embedding_std"] = embedding_std(first)
-        loss_stats = getattr(task.loss, "collapse_statistics", None)
-        if loss_stats is not None:
-            stats.update({name: value.detach().float() for name, value in loss_stats().items()})
+        stats.update({name: value.detach().float()
+                      for name, value in task.loss.collapse_statistics().items()})
         return stats
 
     def warning(self, task, stats: Dict[str, torch.Tensor]) -> Optional[str]:
@@ -56,8 +55,7 @@ class CollapseMonitorHook(SSLHook):
             return (f"embedding_std {float(std):.3f} is below {self.min_embedding_std} "
                     "(HOOKS.COLLAPSE_MONITOR.MIN_EMBEDDING_STD): the embeddings have collapsed "
                     "towards a point")
-        loss_warning = getattr(task.loss, "collapse_warning", None)
-        return loss_warning(stats) if loss_warning is not None else None
+        return task.loss.collapse_warning(stats)
 
     def on_loss_and_meter(self, task) -> None:
         if not task.train:

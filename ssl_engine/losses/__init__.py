@@ -1,40 +1,44 @@
 """Losses, registered in classy_vision's loss registry, and ``build_loss`` for ``cfg.LOSS``.
 
-Call convention: ``loss(output, target)`` with ``output`` the model's list of output tensors
-(a lone tensor is accepted) and ``target`` a LongTensor.
+Every loss derives from ``SSLLoss`` (``losses/base.py``: the call convention and the members
+the engine reads, with their defaults); ``build_loss`` gives a plain ``ClassyLoss`` registered
+by a user (or by classy_vision) those defaults.
 """
-import warnings
-
-from ssl_engine.utils.registry import lookup
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import LOSS_REGISTRY, ClassyLoss
-
-from ssl_engine.losses.cross_entropy_multiple_output_single_target import (  # noqa: E402
+from ssl_engine.losses.barlow_twins_loss import BarlowTwinsLoss
+from ssl_engine.losses.base import SSLLoss, StepContext, with_contract
+from ssl_engine.losses.byol_loss import BYOLLoss
+from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
-from ssl_engine.losses.simclr_info_nce_loss import SimclrInfoNCELoss  # noqa: E402
-from ssl_engine.losses.moco_loss import MoCoLoss  # noqa: E402
-from ssl_engine.losses.moco_v3_loss import MoCoV3Loss  # noqa: E402
-from ssl_engine.losses.byol_loss import BYOLLoss  # noqa: E402
-from ssl_engine.losses.simsiam_loss import SimSiamLoss  # noqa: E402
-from ssl_engine.losses.barlow_twins_loss import BarlowTwinsLoss  # noqa: E402
-from ssl_engine.losses.vicreg_loss import VICRegLoss  # noqa: E402
-from ssl_engine.losses.swav_loss import SwAVLoss  # noqa: E402
-from ssl_engine.losses.dino_loss import DINOLoss  # noqa: E402
+from ssl_engine.losses.dino_loss import DINOLoss
+from ssl_engine.losses.moco_loss import MoCoLoss
+from ssl_engine.losses.moco_v3_loss import MoCoV3Loss
+from ssl_engine.losses.simclr_info_nce_loss import SimclrInfoNCELoss
+from ssl_engine.losses.simsiam_loss import SimSiamLoss
+from ssl_engine.losses.swav_loss import SwAVLoss
+from ssl_engine.losses.vicreg_loss import VICRegLoss
+from ssl_engine.utils.classy import LOSS_REGISTRY
+from ssl_engine.utils.registry import lookup
 
 
-def build_loss(loss_cfg) -> ClassyLoss:
+def loss_class(name: str):
+    """The loss class registered as ``name``, with the ``SSLLoss`` members (``with_contract``):
+    for the class-level ones, ``build_hooks`` and ``check_model_config``."""
+    return with_contract(lookup(LOSS_REGISTRY, name, "loss"))
+
+
+def build_loss(loss_cfg) -> SSLLoss:
     """The loss named ``loss_cfg.name``, built from its settings ``loss_cfg[name]``."""
     name = loss_cfg["name"]
-    loss_class = lookup(LOSS_REGISTRY, name, "loss")
-    return loss_class.from_config(loss_cfg.get(name) or {})
+    return loss_class(name).from_config(loss_cfg.get(name) or {})
 
 
 __all__ = [
     "build_loss",
+    "loss_class",
     "LOSS_REGISTRY",
+    "SSLLoss",
+    "StepContext",
     "BarlowTwinsLoss",
     "BYOLLoss",
     "DINOLoss",

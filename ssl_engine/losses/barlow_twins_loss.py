@@ -1,17 +1,12 @@
 """Barlow Twins (Zbontar et al. 2021): the cross-correlation of the two views' standardised
 embeddings is pushed to the identity."""
-import warnings
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import embedding_output, total_of, two_views
+from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import ClassyLoss, register_loss
 
 
 def standardize(z: torch.Tensor) -> torch.Tensor:
@@ -25,7 +20,7 @@ def off_diagonal(matrix: torch.Tensor) -> torch.Tensor:
 
 
 @register_loss("barlow_twins_loss")
-class BarlowTwinsLoss(ClassyLoss):
+class BarlowTwinsLoss(SSLLoss):
     """``scale_loss * (sum_i (1 - C_ii)^2 + lambda_ * sum_{i != j} C_ij^2)`` with
     ``C = za^T zb / N`` over the *global* batch of ``N`` samples: the embeddings of every rank
     are gathered (with a gradient that reaches every rank) before they are standardised, so N
@@ -40,14 +35,6 @@ class BarlowTwinsLoss(ClassyLoss):
         self.lambda_ = float(lambda_)
         self.scale_loss = float(scale_loss)
         self.embedding_dim = int(embedding_dim)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "BarlowTwinsLoss":
-        return cls(
-            lambda_=config.get("lambda_", 0.0051),
-            scale_loss=config.get("scale_loss", 0.024),
-            embedding_dim=config.get("embedding_dim", 8192),
-        )
 
     def forward(self, output, target=None) -> torch.Tensor:
         embedding = embedding_output(output, "barlow_twins_loss", self.embedding_dim)

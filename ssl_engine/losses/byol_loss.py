@@ -1,17 +1,11 @@
 """BYOL (Grill et al. 2020): the online network's prediction regresses the target network's
 projection of the other view; the target is an EMA of the online network."""
-import warnings
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import cross_view_terms, embedding_output, total_of
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import register_loss
+from ssl_engine.utils.classy import register_loss
 
 
 def normalized_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -33,14 +27,6 @@ class BYOLLoss(MomentumTargetLoss):
                  momentum_schedule: str = "cosine"):
         super().__init__(momentum, momentum_schedule)
         self.embedding_dim = int(embedding_dim)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "BYOLLoss":
-        return cls(
-            embedding_dim=config.get("embedding_dim", 256),
-            momentum=config.get("momentum", 0.996),
-            momentum_schedule=config.get("momentum_schedule", "cosine"),
-        )
 
     def forward(self, output, target=None) -> torch.Tensor:
         prediction = embedding_output(output, "byol_loss", self.embedding_dim)

@@ -1,19 +1,16 @@
 """Cross entropy of every model output against one shared target, summed over outputs."""
-import warnings
-from typing import Any, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import as_output_list
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import ClassyLoss, register_loss
+from ssl_engine.utils.classy import register_loss
 
 
 @register_loss("cross_entropy_multiple_output_single_target")
-class CrossEntropyMultipleOutputSingleTargetLoss(ClassyLoss):
+class CrossEntropyMultipleOutputSingleTargetLoss(SSLLoss):
     """``sum_i CE(output_i / temperature, target)``; used e.g. for linear heads on several layers.
 
     ``normalize_output`` l2-normalises each row of logits before the temperature is applied;
@@ -38,15 +35,6 @@ class CrossEntropyMultipleOutputSingleTargetLoss(ClassyLoss):
         self.ignore_index = int(ignore_index)
         self.temperature = float(temperature)
         self.normalize_output = bool(normalize_output)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "CrossEntropyMultipleOutputSingleTargetLoss":
-        return cls(
-            weight=config.get("weight"),
-            ignore_index=config.get("ignore_index", -1),
-            temperature=config.get("temperature", 1.0),
-            normalize_output=config.get("normalize_output", False),
-        )
 
     def forward(self, output, target: torch.Tensor) -> torch.Tensor:
         if target.ndim == 2 and target.shape[1] == 1:

@@ -13,8 +13,7 @@ averaged over the samples and the pairs.  ``teacher_temp`` rises linearly from
 moves towards the mean teacher output of the global batch:
 ``center = ema_center * center + (1 - ema_center) * mean``.
 """
-import warnings
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +21,8 @@ import torch.nn.functional as F
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
+from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import all_reduce_sum
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import register_loss
 
 
 def without_stochastic_depth(network: torch.nn.Module) -> None:
@@ -45,8 +41,8 @@ class DINOLoss(MomentumTargetLoss):
     ``[0, 1]`` it runs on the first input tensor alone.
 
     The center (a buffer) and the teacher are the loss's state, hence in every checkpoint.
-    ``LossPositionHook`` tells the loss the iteration (for the temperature) and whether the
-    step trains (only training steps move the center)."""
+    The step context (``begin_step``) gives the iteration (for the temperature) and whether
+    the step trains (only training steps move the center)."""
 
     batch_coupling = "its center moves after every micro-batch, with that micro-batch's mean"
 
@@ -83,28 +79,7 @@ class DINOLoss(MomentumTargetLoss):
         self.output_dim = int(output_dim)
         self.num_crops = int(num_crops)
         self.register_buffer("center", torch.zeros(1, self.output_dim))
-        # set by LossPositionHook before every loss computation
-        self.iteration, self.train_step = 0, True
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "DINOLoss":
-        return cls(
-            momentum=config.get("momentum", 0.996),
-            student_temp=config.get("student_temp", 0.1),
-            teacher_temp_min=config.get("teacher_temp_min", 0.04),
-            teacher_temp_max=config.get("teacher_temp_max", 0.07),
-            teacher_temp_warmup_iters=config.get("teacher_temp_warmup_iters", 37500),
-            crops_for_teacher=config.get("crops_for_teacher", [0, 1]),
-            ema_center=config.get("ema_center", 0.9),
-            output_dim=config.get("output_dim", 65536),
-            num_crops=config.get("num_crops", 2),
-        )
-
-    @classmethod
-    def build_hooks(cls) -> List:
-        from ssl_engine.hooks.loss_position_hook import LossPositionHook
-
-        return super().build_hooks() + [LossPositionHook()]
+        self._last_statistics: Dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ the teacher
     def bind_model(self, model) -> None:
@@ -167,7 +142,7 @@ class DINOLoss(MomentumTargetLoss):
                 f"dino_loss: the teacher gave {teacher.shape[0]} rows for {teachers} crop(s) "
                 f"and the student {student.shape[0]} rows for num_crops={self.num_crops}: "
                 "check LOSS.dino_loss.crops_for_teacher and num_crops against the transforms")
-        temperature = self.teacher_temp_at(self.iteration)
+        temperature = self.teacher_temp_at(self.step_context.iteration)
         targets = F.softmax((teacher - self.center) / temperature, dim=1)
         log_probs = F.log_softmax(student / self.student_temp, dim=1)
         # [teacher crop, student crop]: cross-entropies summed over the samples
@@ -179,7 +154,7 @@ class DINOLoss(MomentumTargetLoss):
         per_teacher_crop = (cross * other_crop).sum(dim=1) / (pairs * batch)
         terms = {f"teacher_crop{crop}": per_teacher_crop[index]
                  for index, crop in enumerate(self.crops_for_teacher)}
-        if self.train_step:
+        if self.step_context.train:
             self.update_center(teacher)
         self._statistics(targets.detach())
         return total_of(self, terms)
@@ -200,7 +175,7 @@ class DINOLoss(MomentumTargetLoss):
         }
 
     def collapse_statistics(self):
-        return getattr(self, "_last_statistics", {})
+        return self._last_statistics
 
     @staticmethod
     def collapse_warning(statistics) -> Optional[str]:

@@ -1,18 +1,13 @@
 """MoCo v2 (He et al. 2020; Chen et al. 2020): InfoNCE of a query against its key from the
 momentum encoder and a queue of keys of past batches."""
-import warnings
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import embedding_output
+from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import register_loss
 
 QUEUE_SEED = 0  # the initial queue is the same on every rank and in every run
 
@@ -46,16 +41,6 @@ class MoCoLoss(MomentumTargetLoss):
         self.register_buffer("queue", queue)
         self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
         self._keys_to_enqueue = None
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "MoCoLoss":
-        return cls(
-            embedding_dim=config.get("embedding_dim", 128),
-            queue_size=config.get("queue_size", 65536),
-            momentum=config.get("momentum", 0.999),
-            temperature=config.get("temperature", 0.2),
-            shuffle_batch=config.get("shuffle_batch", True),
-        )
 
     def run_target(self, inputs, task) -> torch.Tensor:
         world_size = get_world_size()

@@ -1,18 +1,12 @@
 """MoCo v3 (Chen, Xie, He 2021): symmetric InfoNCE between the predictor's output on one view
 and the momentum encoder's keys of the other view; negatives are the global batch, no queue."""
-import warnings
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import cross_view_terms, embedding_output, total_of
+from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all, get_rank
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import register_loss
 
 
 @register_loss("moco_v3_loss")
@@ -35,15 +29,6 @@ class MoCoV3Loss(MomentumTargetLoss):
             raise ValueError(f"moco_v3_loss: temperature must be > 0, got {temperature}")
         self.embedding_dim = int(embedding_dim)
         self.temperature = float(temperature)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "MoCoV3Loss":
-        return cls(
-            embedding_dim=config.get("embedding_dim", 256),
-            temperature=config.get("temperature", 0.2),
-            momentum=config.get("momentum", 0.99),
-            momentum_schedule=config.get("momentum_schedule", "cosine"),
-        )
 
     def _contrast(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         query, key = F.normalize(query, dim=1), F.normalize(key, dim=1)

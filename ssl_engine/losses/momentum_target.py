@@ -8,17 +8,15 @@ online weights (``update_target``).  The momentum at update ``k`` of ``K`` is a 
 BYOL's cosine schedule ``1 - (1 - m0) (cos(pi k / K) + 1) / 2`` (from m0 up to 1).
 """
 import math
-import warnings
 from typing import List, Optional
 
 import torch
 
+from ssl_engine.hooks.momentum_target_hook import MomentumTargetHook
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.models.ema import ema_update_
 from ssl_engine.utils.device import float32_outputs
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import ClassyLoss
 
 MOMENTUM_SCHEDULES = ("constant", "cosine")
 
@@ -30,7 +28,7 @@ def cosine_momentum(base: float, step: int, total: int) -> float:
     return 1.0 - (1.0 - base) * (math.cos(math.pi * min(step, total) / total) + 1.0) / 2.0
 
 
-class MomentumTargetLoss(ClassyLoss):
+class MomentumTargetLoss(SSLLoss):
     """A loss with a target network: the online model's trunk and its first heads (all but the
     last ``online_only_heads``, which the online side alone has: a predictor), updated as
     ``target = m * target + (1 - m) * online`` after every update, never by gradients."""
@@ -51,8 +49,6 @@ class MomentumTargetLoss(ClassyLoss):
 
     @classmethod
     def build_hooks(cls) -> List:
-        from ssl_engine.hooks.momentum_target_hook import MomentumTargetHook
-
         return [MomentumTargetHook()]
 
     @classmethod

@@ -1,22 +1,20 @@
 """SimCLR's NT-Xent (InfoNCE) loss over the embeddings of all ranks."""
-import warnings
-from typing import Any, Dict, Mapping, Tuple
+from typing import Dict, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import as_output_list
+from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import ClassyLoss, register_loss
 
 _MAX_CACHED_MASKS = 8
 
 
 @register_loss("simclr_info_nce_loss")
-class SimclrInfoNCELoss(ClassyLoss):
+class SimclrInfoNCELoss(SSLLoss):
     """NT-Xent over ``num_views`` views per sample; negatives come from every rank.
 
     ``output[0]`` holds ``num_views * B`` embeddings of this rank's ``B`` samples in view-major
@@ -30,6 +28,7 @@ class SimclrInfoNCELoss(ClassyLoss):
     batch_coupling = (
         "its negatives are the other samples of the batch, and accumulation does not add negatives"
     )
+    config_keys = {"embedding_dim": "buffer_params.embedding_dim"}  # VISSL's place for it
 
     def __init__(self, temperature: float = 0.1, embedding_dim: int = 128, num_views: int = 2):
         super().__init__()
@@ -41,15 +40,6 @@ class SimclrInfoNCELoss(ClassyLoss):
         self.embedding_dim = int(embedding_dim)
         self.num_views = int(num_views)
         self._masks: Dict[Tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "SimclrInfoNCELoss":
-        buffer_params = config.get("buffer_params") or {}
-        return cls(
-            temperature=config.get("temperature", 0.1),
-            embedding_dim=buffer_params.get("embedding_dim", 128),
-            num_views=config.get("num_views", 2),
-        )
 
     def _self_and_positive_masks(self, local_batch: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
         """Boolean [local rows, all rows] mask of each anchor itself, and [local rows, views-1]

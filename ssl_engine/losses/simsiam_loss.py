@@ -1,16 +1,11 @@
 """SimSiam (Chen, He 2021): negative cosine similarity between the prediction of one view and
 the (stop-gradient) projection of the other; no momentum encoder, no negatives."""
-import warnings
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import cross_view_terms, embedding_output, total_of
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import ClassyLoss, register_loss
+from ssl_engine.utils.classy import register_loss
 
 
 def half_negative_cosine(prediction: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
@@ -19,7 +14,7 @@ def half_negative_cosine(prediction: torch.Tensor, projection: torch.Tensor) -> 
 
 
 @register_loss("simsiam_loss")
-class SimSiamLoss(ClassyLoss):
+class SimSiamLoss(SSLLoss):
     """``D(p1, z2)/2 + D(p2, z1)/2`` with ``D = -cos`` and no gradient through ``z``.  The
     model returns the projection and the prediction (MODEL.HEAD.OUTPUT_HEADS: [0, 1] with the
     projector then the predictor in MODEL.HEAD.PARAMS)."""
@@ -27,10 +22,6 @@ class SimSiamLoss(ClassyLoss):
     def __init__(self, embedding_dim: int = 2048):
         super().__init__()
         self.embedding_dim = int(embedding_dim)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "SimSiamLoss":
-        return cls(embedding_dim=config.get("embedding_dim", 2048))
 
     def forward(self, output, target=None) -> torch.Tensor:
         projection = embedding_output(output, "simsiam_loss", self.embedding_dim, index=0)

@@ -7,30 +7,31 @@ the samples, the ``num_crops - 1`` predicting crops, the assigned crops and the 
 A queue of past embeddings (``queue.queue_length``, filled from ``queue.start_iter`` on) adds
 rows to the Sinkhorn problem when batches are small; only the batch's own assignments are used.
 """
-import warnings
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.hooks.swav_hooks import SwAVHook
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.sinkhorn import distributed_sinkhorn
 from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
+from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import ClassyLoss, register_loss
 
 
 @register_loss("swav_loss")
-class SwAVLoss(ClassyLoss):
+class SwAVLoss(SSLLoss):
     """The model gives ``[embedding, scores0, scores1, ...]`` (``swav_head``): the normalised
     embeddings and each prototype set's scores for all ``num_crops * B`` rows, crop-major
     (rows ``c*B .. c*B+B-1`` are crop ``c``; ``multicrop_collator`` puts the global crops
-    first).  ``SwAVHook`` tells the loss the iteration and keeps the prototypes normalised."""
+    first).  ``SwAVHook`` keeps the prototypes normalised; the step context
+    (``begin_step``) gives the iteration, for ``temp_hard_assignment_iters`` and the queue's
+    ``start_iter``, and whether the step trains (only training batches enter the queue)."""
 
     batch_coupling = "its Sinkhorn-Knopp assignments are balanced over the batch"
+    config_keys = {"queue_length": "queue.queue_length", "queue_start_iter": "queue.start_iter"}
 
     def __init__(self, embedding_dim: int = 128, temperature: float = 0.1,
                  use_double_precision: bool = False, normalize_last_layer: bool = True,
@@ -63,9 +64,7 @@ class SwAVLoss(ClassyLoss):
         self.num_prototypes = [int(k) for k in num_prototypes]
         self.temp_hard_assignment_iters = int(temp_hard_assignment_iters)
         self.queue_start_iter = int(queue_start_iter)
-        # set by SwAVHook (a LossPositionHook) before every loss: the iteration, and whether
-        # the step trains (only training batches enter the queue)
-        self.iteration, self.train_step = 0, True
+        self._last_statistics: Dict[str, torch.Tensor] = {}
         self._head: List = []  # the model's swav_head (not a submodule of the loss)
         # every rank keeps its own rows of the queue: queue_length over the ranks
         local_length = int(queue_length) // get_world_size()
@@ -75,27 +74,7 @@ class SwAVLoss(ClassyLoss):
         self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "SwAVLoss":
-        queue = config.get("queue") or {}
-        return cls(
-            embedding_dim=config.get("embedding_dim", 128),
-            temperature=config.get("temperature", 0.1),
-            use_double_precision=config.get("use_double_precision", False),
-            normalize_last_layer=config.get("normalize_last_layer", True),
-            num_iters=config.get("num_iters", 3),
-            epsilon=config.get("epsilon", 0.05),
-            num_crops=config.get("num_crops", 2),
-            crops_for_assign=config.get("crops_for_assign", [0, 1]),
-            num_prototypes=config.get("num_prototypes", [3000]),
-            temp_hard_assignment_iters=config.get("temp_hard_assignment_iters", 0),
-            queue_length=queue.get("queue_length", 0),
-            queue_start_iter=queue.get("start_iter", 0),
-        )
-
-    @classmethod
     def build_hooks(cls) -> List:
-        from ssl_engine.hooks.swav_hooks import SwAVHook
-
         return [SwAVHook()]
 
     # ------------------------------------------------------------------ the model's head
@@ -178,7 +157,7 @@ class SwAVLoss(ClassyLoss):
             crop_scores = torch.cat([queued.to(crop_scores.dtype), crop_scores])
         q = distributed_sinkhorn(crop_scores, self.epsilon, self.num_iters,
                                  self.use_double_precision)[-batch:]
-        if self.iteration < self.temp_hard_assignment_iters:
+        if self.step_context.iteration < self.temp_hard_assignment_iters:
             q = F.one_hot(q.argmax(dim=1), q.shape[1]).to(q.dtype)
         return q
 
@@ -206,7 +185,8 @@ class SwAVLoss(ClassyLoss):
             terms[f"assign_crop{crop}"] = term * scale
             if slot == 0:
                 self._statistics(q, scores[0][crop * batch:(crop + 1) * batch])
-        if self.train_step and self.queue.shape[1] and self.iteration >= self.queue_start_iter:
+        step = self.step_context
+        if step.train and self.queue.shape[1] and step.iteration >= self.queue_start_iter:
             self._enqueue(embedding.detach(), batch)
         return total_of(self, terms)
 
@@ -222,7 +202,7 @@ class SwAVLoss(ClassyLoss):
         }
 
     def collapse_statistics(self):
-        return getattr(self, "_last_statistics", {})
+        return self._last_statistics
 
     @staticmethod
     def collapse_warning(statistics) -> Optional[str]:

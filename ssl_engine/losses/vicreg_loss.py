@@ -1,18 +1,13 @@
 """VICReg (Bardes, Ponce, LeCun 2022): invariance between the views' embeddings, a hinge on
 each dimension's standard deviation, and a penalty on the off-diagonal covariances."""
-import warnings
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.barlow_twins_loss import off_diagonal
+from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import embedding_output, total_of, two_views
+from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from classy_vision.losses import ClassyLoss, register_loss
 
 
 def variance_hinge(z: torch.Tensor, eps: float) -> torch.Tensor:
@@ -28,7 +23,7 @@ def covariance_penalty(z: torch.Tensor) -> torch.Tensor:
 
 
 @register_loss("vicreg_loss")
-class VICRegLoss(ClassyLoss):
+class VICRegLoss(SSLLoss):
     """``sim_coeff * MSE(za, zb) + std_coeff * (v(za) + v(zb)) / 2 + cov_coeff * (c(za) + c(zb))``
     over the *global* batch (every rank's embeddings gathered with a gradient that reaches every
     rank).  The paper's coefficients are 25, 25 and 1.  Named terms: ``invariance``,
@@ -43,16 +38,6 @@ class VICRegLoss(ClassyLoss):
             float(cov_coeff)
         self.eps = float(eps)
         self.embedding_dim = int(embedding_dim)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "VICRegLoss":
-        return cls(
-            sim_coeff=config.get("sim_coeff", 25.0),
-            std_coeff=config.get("std_coeff", 25.0),
-            cov_coeff=config.get("cov_coeff", 1.0),
-            eps=config.get("eps", 1e-4),
-            embedding_dim=config.get("embedding_dim", 8192),
-        )
 
     def forward(self, output, target=None) -> torch.Tensor:
         embedding = embedding_output(output, "vicreg_loss", self.embedding_dim)

@@ -30,7 +30,7 @@ def warn_if_accumulation_changes_the_loss(loss, steps: int) -> None:
     """Accumulated micro-batches give the update of one larger batch only when the loss is a
     mean of per-sample terms.  A loss that couples the samples of its batch says how in its
     ``batch_coupling`` attribute, and gets a warning here."""
-    coupling = getattr(loss, "batch_coupling", None)
+    coupling = loss.batch_coupling
     if coupling:
         logger.warning(
             "OPTIMIZER.gradient_accumulation_steps=%d with %s: %s, so %d accumulated "

@@ -112,8 +112,7 @@ class SelfSupervisionTask(ClassyTask):
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.ema_model = self._build_ema_model()
         self.loss = build_loss(cfg.LOSS).to(self.device)
-        if hasattr(self.loss, "bind_model"):  # e.g. a momentum target copied from the model
-            self.loss.bind_model(self.base_model)
+        self.loss.bind_model(self.base_model)  # e.g. a momentum target copied from the model
         if self.optimizer is None and not cfg.TEST_ONLY:  # FSDP: over the sharded parameters
             self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)
@@ -301,7 +300,7 @@ class SelfSupervisionTask(ClassyTask):
             "phase_complete": phase_complete,
             "base_model": self.base_model.get_classy_state(),
             "optimizer": self.optimizer.get_classy_state() if self.optimizer else None,
-            "loss": self.loss.get_classy_state() if hasattr(self.loss, "get_classy_state") else {},
+            "loss": self.loss.get_classy_state(),
             "meters": [meter.get_classy_state() for meter in self.meters],
             "losses": [float(v) for v in self.losses],
             "loss_terms": [{k: float(v) for k, v in t.items()} for t in self.loss_terms],
@@ -319,7 +318,7 @@ class SelfSupervisionTask(ClassyTask):
         self.base_model.set_classy_state(state["base_model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.set_classy_state(state["optimizer"])
-        if state.get("loss") and hasattr(self.loss, "set_classy_state"):
+        if state.get("loss"):
             self.loss.set_classy_state(state["loss"])
         self.amp.load_state_dict(state.get("amp_grad_scaler") or {})
         if self.ema_model is not None:

@@ -6,6 +6,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import classy_vision  # noqa: F401
     from classy_vision.hooks import ClassyHook  # noqa: F401
+    from classy_vision.losses import LOSS_REGISTRY, ClassyLoss, register_loss  # noqa: F401
     from classy_vision.meters import (  # noqa: F401
         METER_REGISTRY,
         AccuracyMeter,

@@ -10,6 +10,7 @@ import time
 import torch
 
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
+from ssl_engine.losses.base import StepContext
 from ssl_engine.trainer.accumulation import average_gradients_over_ranks, gradient_sync_skipped
 from ssl_engine.trainer.train_steps.registry import register_train_step
 from ssl_engine.utils.device import float32_outputs
@@ -47,7 +48,7 @@ def fetch_batch(task):
 def loss_terms(loss_module) -> dict:
     """The named parts of the last loss (``loss_module.loss_terms``, set by losses with several
     terms, e.g. VICReg's invariance, variance and covariance), detached."""
-    terms = getattr(loss_module, "loss_terms", None) or {}
+    terms = loss_module.loss_terms
     return {name: value.detach() for name, value in terms.items()}
 
 
@@ -58,6 +59,7 @@ def forward_loss_and_meters(task, batch) -> torch.Tensor:
             output = task.model(batch["input"])
             task.last_model_output = float32_outputs(output)  # the loss runs in float32
             task.run_hook(Event.on_forward)
+        task.loss.begin_step(StepContext.of_task(task))
         loss = task.loss(task.last_model_output, batch["target"])
     check_loss_is_finite(task, loss)
     task.last_loss = loss.detach()
