@@ -9,9 +9,9 @@ from typing import Dict, List, Sequence
 import pytest
 import torch
 
+from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import load_config
 from ssl_engine.engines.launcher import check_before_launch, launch_distributed
-from ssl_engine.utils.checkpoint import load_checkpoint
 
 QUICK = "config=test/quick_simclr_synthetic"
 

@@ -78,7 +78,7 @@ def run_tool(argv: Sequence[str], run: Callable[[object], Tuple[Path, Dict[str, 
     from ssl_engine.engines.plugins import import_plugins
     from ssl_engine.hooks.log_hooks import append_metrics
     from ssl_engine.trainer.feature_extraction import ExtractionError
-    from ssl_engine.utils.checkpoint import CheckpointError
+    from ssl_engine.checkpoint import CheckpointError
     from ssl_engine.utils.logger import setup_logging
     from ssl_engine.utils.registry import UnknownNameError
     from ssl_engine.utils.run_lock import RunLockError

@@ -17,7 +17,7 @@ def check_extract_config(cfg) -> None:
     from ssl_engine.data.extraction_view import check_extraction_splits
     from ssl_engine.evaluation.extracted import extraction_dir
     from ssl_engine.models.base_ssl_model import check_model_config
-    from ssl_engine.models.weights_init import check_weights_file
+    from ssl_engine.checkpoint import check_weights_file
     from ssl_engine.trainer.feature_extraction import check_splits, ensure_writable
 
     model = check_model_config(cfg.MODEL)

@@ -18,13 +18,13 @@ from typing import Callable, List, Optional, Sequence
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ssl_engine.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.config.derive import check_processes_fit
 from ssl_engine.engines import get_engine
 from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.trainer.feature_extraction import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
-from ssl_engine.utils.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.utils.logger import launcher_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLock, RunLockError, check_unlocked

@@ -12,10 +12,9 @@ from ssl_engine.utils import rng
 from ssl_engine.data.datasources.image_io import ImageLoadError
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.loader import DataWorkerDiedError, stop_workers, worker_death_error
-from ssl_engine.models.weights_init import WeightsInitError
 from ssl_engine.trainer.cuda_cache import CudaCacheClearer
-from ssl_engine.utils.checkpoint import (CheckpointError, last_saved, load_checkpoint,
-                                         load_latest_checkpoint)
+from ssl_engine.checkpoint import (CheckpointError, WeightsInitError, last_saved, load_checkpoint,
+                                   load_latest_checkpoint)
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.cpu_budget import configure_threads
 from ssl_engine.utils.distributed import (barrier, elastic_attempt_store, export_nccl_settings,
@@ -210,7 +209,7 @@ class SelfSupervisionTrainer:
         from ssl_engine.data.extraction_view import check_extraction_splits, extraction_config
         from ssl_engine.evaluation.extracted import extraction_dir
         from ssl_engine.models import build_model
-        from ssl_engine.models.weights_init import load_weights_init
+        from ssl_engine.checkpoint import load_weights_init
         from ssl_engine.trainer import feature_extraction as fx
 
         cfg = self.cfg
