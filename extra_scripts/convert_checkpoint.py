@@ -30,8 +30,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ssl_engine.models import checkpoint_formats as formats
-from ssl_engine.utils.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
+from ssl_engine.checkpoint import CheckpointError, atomic_torch_save, formats, load_checkpoint
 
 POSITION_KEYS = ("phase_idx", "train_phase_idx", "iteration", "iteration_num")
 

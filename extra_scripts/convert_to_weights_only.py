@@ -25,7 +25,7 @@ from typing import Any, List
 import numpy as np
 import torch
 
-from ssl_engine.utils.checkpoint import atomic_torch_save, check_plain_state, load_checkpoint
+from ssl_engine.checkpoint import atomic_torch_save, check_plain_state, load_checkpoint
 
 _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype,
            torch.device, torch.Size)

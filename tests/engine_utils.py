@@ -9,11 +9,11 @@ from typing import Dict, List, Sequence
 import pytest
 import torch
 
+from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import load_config
 from ssl_engine.engines.launcher import launch_distributed
 from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.losses import SSLLoss
-from ssl_engine.utils.checkpoint import load_checkpoint
 
 QUICK = "config=test/quick_simclr_synthetic"
 

@@ -12,12 +12,11 @@ import torch
 import torchvision
 import yaml
 
+from ssl_engine.checkpoint import CheckpointError, load_checkpoint, load_weights_init
 from ssl_engine.config import load_config
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.models import build_model
-from ssl_engine.models.weights_init import load_weights_init
 from ssl_engine.trainer.task import SelfSupervisionTask
-from ssl_engine.utils.checkpoint import CheckpointError, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 with open(REPO / "configs/config/defaults.yaml") as f:
@@ -219,8 +218,8 @@ def test_auto_resume_from_a_vissl_checkpoint_loads_its_model_weights(tmp_path, c
 
 
 def test_a_vissl_checkpoint_that_does_not_convert_is_refused_before_launch(tmp_path):
-    from ssl_engine.engines.train import check_resume_files
-    from ssl_engine.models.checkpoint_formats import CheckpointFormatError
+    from ssl_engine.checkpoint import check_resume_files
+    from ssl_engine.checkpoint.formats import CheckpointFormatError
 
     _, cfg = load_config(["config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path}"])
     vissl_file(tmp_path / "model_phase4.torch", {"conv1.weight": torch.zeros(1)}, {})
@@ -236,7 +235,7 @@ def test_trunks_named_as_vissl_names_them_load_resume_and_convert_unchanged(tmp_
     """A RegNet holds VISSL's own names (its _feature_blocks included): this engine's checkpoint
     of it is not taken for VISSL's, loads as WEIGHTS_INIT, and converts to VISSL's layout and
     back with its names unchanged."""
-    from ssl_engine.models.checkpoint_formats import is_vissl_checkpoint, vissl_key_prefix
+    from ssl_engine.checkpoint.formats import is_vissl_checkpoint, vissl_key_prefix
 
     _, cfg = load_config(["config=test/quick_simclr_synthetic", "config.MODEL.TRUNK.NAME=regnet",
                           "config.MODEL.TRUNK.REGNET.depth=6", "config.MODEL.TRUNK.REGNET.w_0=8",

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from engine_utils import small_tmpfs
-from ssl_engine.utils import rng
-from ssl_engine.utils.checkpoint import (
+from ssl_engine.checkpoint import (
     LATEST_NAME, CheckpointError, CheckpointWriteError, UnsafeCheckpointError, atomic_torch_save,
     latest_checkpoint_path, load_checkpoint, load_latest_checkpoint, save_checkpoint,
 )
+from ssl_engine.utils import rng
 
 
 def test_save_points_latest_to_newest(tmp_path):

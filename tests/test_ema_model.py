@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from engine_utils import metrics, run_engine
+from ssl_engine.checkpoint import load_checkpoint, load_weights_init
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.hooks.ema_model_hook import EmaModelHook
 from ssl_engine.models import build_model
 from ssl_engine.models.ema import ModelEMA
-from ssl_engine.models.weights_init import load_weights_init
-from ssl_engine.utils.checkpoint import load_checkpoint
 
 EMA = "config.HOOKS.EMA_MODEL"
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 import yaml
 
+from ssl_engine.checkpoint import WeightsInitError, load_weights_init
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.models import build_model
-from ssl_engine.models.weights_init import WeightsInitError, load_weights_init
 
 DEFAULTS = AttrDict(yaml.safe_load((Path(__file__).resolve().parents[1]
                                     / "configs/config/defaults.yaml").read_text())["config"])

@@ -57,7 +57,7 @@ class Opaque:
 def test_trusted_file_with_python_objects_is_converted_to_plain_data(tmp_path, capsys):
     import argparse
 
-    from ssl_engine.utils.checkpoint import UnsafeCheckpointError, load_checkpoint
+    from ssl_engine.checkpoint import UnsafeCheckpointError, load_checkpoint
 
     source, target = tmp_path / "zoo.pth", tmp_path / "zoo.torch"
     weights = {"conv.weight": torch.randn(2, 3)}

@@ -10,9 +10,9 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
+from ssl_engine.checkpoint.formats import model_key_from_vissl
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.models import build_model
-from ssl_engine.models.checkpoint_formats import model_key_from_vissl
 from ssl_engine.models.fsdp_names import warn_fsdp_names_without_fsdp_task
 from ssl_engine.optimizers import build_optimizer
 
@@ -73,7 +73,7 @@ def test_fsdp_names_outside_the_fsdp_task_are_warned_when_training(caplog):
 
 
 def test_vissl_regnet_fsdp_block_groups_read_as_regnet_keys():
-    from ssl_engine.models.checkpoint_formats import vissl_key_prefix
+    from ssl_engine.checkpoint.formats import vissl_key_prefix
 
     prefix = vissl_key_prefix("regnet")  # the regnet trunk is spelt as VISSL spells it
     key = "trunk._feature_blocks.res3.block2-part1.block2-3.f.a.weight"

@@ -124,3 +124,23 @@ def test_evaluation_imports_only_data_utils_and_itself():
              if not any(dep == allowed or dep.startswith(allowed + ".")
                         for allowed in EVALUATION_MAY_IMPORT)}
     assert not wrong, sorted(wrong)
+
+
+CHECKPOINT_MAY_IMPORT = ("ssl_engine.utils", "ssl_engine.models", "ssl_engine.checkpoint")
+
+
+def test_checkpoint_imports_only_utils_models_and_itself():
+    """ssl_engine.checkpoint reads and writes files and model states: the hook, the trainer and
+    the engines call it, and it imports none of them (nor the config); the models below it do
+    not import it."""
+    graph = import_graph()
+    checkpoint = {name: deps for name, deps in graph.items()
+                  if name == "ssl_engine.checkpoint" or name.startswith("ssl_engine.checkpoint.")}
+    assert "ssl_engine.checkpoint.io" in checkpoint
+    wrong = {f"{name} imports {dep}" for name, deps in checkpoint.items() for dep in deps
+             if not any(dep == allowed or dep.startswith(allowed + ".")
+                        for allowed in CHECKPOINT_MAY_IMPORT)}
+    wrong |= {f"{name} imports {dep}" for name, deps in graph.items()
+              if name.split(".")[:2] in (["ssl_engine", "models"], ["ssl_engine", "utils"])
+              for dep in deps if dep.startswith("ssl_engine.checkpoint")}
+    assert not wrong, sorted(wrong)

@@ -15,7 +15,7 @@ from ssl_engine.losses import (LOSS_REGISTRY, SimclrInfoNCELoss, SSLLoss, StepCo
                                build_loss, loss_class)
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.train_steps.standard_train_step import forward_loss_and_meters
-from ssl_engine.utils.checkpoint import load_checkpoint
+from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.utils.classy import ClassyLoss, register_loss
 
 OURS = [getattr(losses, name) for name in losses.__all__

@@ -10,12 +10,11 @@ import torch
 import yaml
 from torch.nn import functional as F
 
+from ssl_engine.checkpoint import formats, load_weights_init
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.config.unsupported import UNSUPPORTED_NAMES
 from ssl_engine.models import MODEL_TRUNKS, build_model
-from ssl_engine.models import checkpoint_formats as formats
 from ssl_engine.models.trunks import check_trunk_config
-from ssl_engine.models.weights_init import load_weights_init
 
 with open(Path(__file__).resolve().parents[1] / "configs/config/defaults.yaml") as f:
     DEFAULT_MODEL_CFG = AttrDict(yaml.safe_load(f)["config"]["MODEL"])

@@ -8,17 +8,17 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from ssl_engine.checkpoint import load_weights_init
+from ssl_engine.checkpoint.formats import (is_vissl_checkpoint, load_vissl_model_weights,
+                                           model_state_from_vissl, vissl_checkpoint,
+                                           vissl_key_prefix)
 from ssl_engine.config import ConfigError
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.config.unsupported import UNSUPPORTED_NAMES
 from ssl_engine.config.validate import validate_config
 from ssl_engine.engines.registered_names import check_registered_names
 from ssl_engine.models import build_model
-from ssl_engine.models.checkpoint_formats import (is_vissl_checkpoint, load_vissl_model_weights,
-                                                  model_state_from_vissl, vissl_checkpoint,
-                                                  vissl_key_prefix)
 from ssl_engine.models.trunks.beit import _relative_position_bias, relative_position_index
-from ssl_engine.models.weights_init import load_weights_init
 
 with open(Path(__file__).resolve().parents[1] / "configs/config/defaults.yaml") as f:
     SCHEMA = yaml.safe_load(f)

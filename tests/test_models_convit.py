@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from ssl_engine.checkpoint.formats import (load_vissl_model_weights, vissl_checkpoint,
+                                           vissl_key_prefix)
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.config.unsupported import UNSUPPORTED_NAMES
 from ssl_engine.engines.registered_names import check_registered_names
 from ssl_engine.models import build_model
-from ssl_engine.models.checkpoint_formats import (load_vissl_model_weights, vissl_checkpoint,
-                                                  vissl_key_prefix)
 
 with open(Path(__file__).resolve().parents[1] / "configs/config/defaults.yaml") as f:
     DEFAULTS = AttrDict(yaml.safe_load(f)["config"])

@@ -14,14 +14,14 @@ import yaml
 from torch import nn
 from torchvision.models.resnet import Bottleneck as TorchvisionBottleneck
 
+from ssl_engine.checkpoint import load_weights_init
+from ssl_engine.checkpoint.formats import model_key_from_vissl
 from ssl_engine.config import load_config
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.models import build_model
-from ssl_engine.models.checkpoint_formats import model_key_from_vissl
 from ssl_engine.models.trunks import check_trunk_config
 from ssl_engine.models.trunks.resnet_sk import Bottleneck, Projection, SelectiveKernel
-from ssl_engine.models.weights_init import load_weights_init
 
 with open(Path(__file__).resolve().parents[1] / "configs/config/defaults.yaml") as f:
     DEFAULT_MODEL_CFG = AttrDict(yaml.safe_load(f)["config"]["MODEL"])

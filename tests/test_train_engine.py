@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine_utils import QUICK, final_weights, metrics, run_engine, small_tmpfs, step_losses
+from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.hooks import SSLHook, default_hook_generator
 from ssl_engine.trainer import register_train_step
 from ssl_engine.trainer.train_steps.standard_train_step import standard_train_step
-from ssl_engine.utils.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # 32 synthetic images, batch 8: 4 iterations per epoch, 2 epochs

@@ -9,12 +9,11 @@ import torchvision
 import yaml
 
 from engine_utils import run_engine
+from ssl_engine.checkpoint import load_checkpoint, load_weights_init
 from ssl_engine.config import load_config
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.models import build_model
-from ssl_engine.models.weights_init import load_weights_init
 from ssl_engine.trainer.task import SelfSupervisionTask
-from ssl_engine.utils.checkpoint import load_checkpoint
 
 with open(Path(__file__).resolve().parents[1] / "configs/config/defaults.yaml") as f:
     DEFAULTS = AttrDict(yaml.safe_load(f)["config"])
@@ -60,7 +59,7 @@ def test_torchvision_resnet18_loads_into_the_trunk(torchvision_resnet18, caplog)
     net, path = torchvision_resnet18
     tv_state = net.state_dict()
     model = resnet_model([["mlp", {"dims": [512, 10]}]])
-    with caplog.at_level(logging.INFO, logger="ssl_engine.models.weights_init"):
+    with caplog.at_level(logging.INFO, logger="ssl_engine.checkpoint.weights_init"):
         report = load_weights_init(model, weights_cfg(path, APPEND_PREFIX="trunk."))
 
     tracked = {f"trunk.{k}" for k in tv_state if k.endswith("num_batches_tracked")}

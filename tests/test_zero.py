@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
+from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.engines.prelaunch import check_before_launch
-from ssl_engine.utils.checkpoint import load_checkpoint
 
 from engine_utils import run_engine
 

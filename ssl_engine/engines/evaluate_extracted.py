@@ -18,7 +18,7 @@ from ssl_engine.extraction.files import (ExtractedFeatures, extraction_dir, has_
                                          load_extracted)
 from ssl_engine.hooks.log_hooks import append_metrics
 from ssl_engine.models import build_model
-from ssl_engine.utils.checkpoint import CheckpointError
+from ssl_engine.checkpoint import CheckpointError
 from ssl_engine.utils.logger import setup_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLockError

@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ssl_engine.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.config import AttrDict, ConfigError
 from ssl_engine.engines import get_engine
 from ssl_engine.engines.plugins import import_plugins
@@ -26,7 +27,6 @@ from ssl_engine.engines.prelaunch import holds_run_lock, load_checked_config, st
 from ssl_engine.engines.slurm import is_local, submit
 from ssl_engine.extraction.errors import ExtractionError
 from ssl_engine.trainer.trainer import USER_ERRORS
-from ssl_engine.utils.checkpoint import CheckpointError, remove_unfinished_saves
 from ssl_engine.utils.logger import launcher_logging
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLock, RunLockError

@@ -7,33 +7,9 @@ from ssl_engine.engines.registry import register_engine
 from ssl_engine.hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
 from ssl_engine.trainer.process import machine_ranks
-from ssl_engine.utils.checkpoint import (CheckpointError, check_latest_pointer, list_checkpoints,
-                                         load_latest_checkpoint)
+from ssl_engine.checkpoint import check_latest_pointer, check_resume_files, list_checkpoints
 from ssl_engine.utils.io import os_error_text, writable_folder_error
 from ssl_engine.utils.logger import setup_logging
-
-
-def check_resume_files(cfg) -> None:
-    """The file the run will start from loads: the latest checkpoint of CHECKPOINT.DIR when
-    AUTO_RESUME finds one (a checkpoint of this engine, or one of VISSL whose trunk keys are
-    in VISSL's layout of the config's trunk), else MODEL.WEIGHTS_INIT.PARAMS_FILE.
-    The tensors are mapped, not read: this costs little even for large files."""
-    from ssl_engine.models.checkpoint_formats import (is_vissl_checkpoint, model_state_from_vissl,
-                                                      model_state_of, vissl_key_prefix)
-    from ssl_engine.models.weights_init import check_weights_file
-
-    if cfg.CHECKPOINT.AUTO_RESUME:
-        checkpoint = load_latest_checkpoint(cfg.CHECKPOINT.DIR, mmap=True)
-        if checkpoint is not None:
-            if "classy_state_dict" not in checkpoint:
-                raise CheckpointError(
-                    f"the latest checkpoint of config.CHECKPOINT.DIR={cfg.CHECKPOINT.DIR} is not "
-                    f"one of this engine (no classy_state_dict; keys: {sorted(checkpoint)[:10]})")
-            prefix = vissl_key_prefix(cfg.MODEL.TRUNK.NAME)
-            if is_vissl_checkpoint(checkpoint, prefix):  # its weights start the run (task.prepare)
-                model_state_from_vissl(model_state_of(checkpoint), prefix)
-            return  # a resumed run does not read WEIGHTS_INIT
-    check_weights_file(cfg.MODEL.WEIGHTS_INIT)
 
 
 def check_train_config(cfg) -> None:

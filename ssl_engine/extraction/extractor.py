@@ -15,7 +15,7 @@ from ssl_engine.extraction.features import check_splits, ensure_writable, extrac
 from ssl_engine.extraction.files import extraction_dir
 from ssl_engine.extraction.one_view import check_extraction_splits, extraction_config
 from ssl_engine.models import build_model
-from ssl_engine.models.weights_init import load_weights_init
+from ssl_engine.checkpoint import load_weights_init
 from ssl_engine.trainer.process import setup_process
 
 logger = logging.getLogger(__name__)

@@ -6,9 +6,9 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ssl_engine.checkpoint import (VISSL_RESUME_NOT_RESTORED, CheckpointError, is_vissl_checkpoint,
+                                   load_vissl_model_weights, load_weights_init, vissl_key_prefix)
 from ssl_engine.hooks.base import SSLClassyHookFunctions
-from ssl_engine.models.checkpoint_formats import (VISSL_RESUME_NOT_RESTORED, is_vissl_checkpoint,
-                                                  load_vissl_model_weights, vissl_key_prefix)
 from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_loss
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
@@ -17,7 +17,6 @@ from ssl_engine.trainer.sharded_ddp import (check_sharded_ddp_config, uses_shard
                                             wrap_sharded_ddp)
 from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
-from ssl_engine.utils.checkpoint import CheckpointError
 from ssl_engine.utils.classy import ClassyTask, register_task
 from ssl_engine.utils.device import to_device
 from ssl_engine.utils.distributed import broadcast_buffers, get_rank, get_world_size
@@ -97,8 +96,6 @@ class SelfSupervisionTask(ClassyTask):
             self._start_from_vissl_checkpoint(checkpoint)  # weights only: before any wrapping
             checkpoint = None
         elif cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and checkpoint is None:  # a resume checkpoint wins
-            from ssl_engine.models.weights_init import load_weights_init
-
             load_weights_init(self.base_model, cfg.MODEL.WEIGHTS_INIT)
         if cfg.MODEL.CHANNELS_LAST and self.channels_last_weights():
             self.base_model.to(memory_format=torch.channels_last)

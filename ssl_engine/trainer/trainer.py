@@ -3,15 +3,14 @@ its phases."""
 import logging
 from typing import List, Optional
 
-from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
+from ssl_engine.checkpoint import (CheckpointError, WeightsInitError, last_saved, load_checkpoint,
+                                   load_latest_checkpoint)
 from ssl_engine.data.datasources.image_io import ImageLoadError
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.loader import DataWorkerDiedError, stopped_on_worker_death
-from ssl_engine.models.weights_init import WeightsInitError
+from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.trainer.cuda_cache import CudaCacheClearer
 from ssl_engine.trainer.process import setup_process
-from ssl_engine.utils.checkpoint import (CheckpointError, last_saved, load_checkpoint,
-                                         load_latest_checkpoint)
 from ssl_engine.utils.classy import TASK_REGISTRY
 from ssl_engine.utils.distributed import barrier, get_rank
 from ssl_engine.utils.registry import lookup

@@ -23,7 +23,7 @@ resnet trunk: block ``i`` is the child ``i`` (``trunk.0.0.weight`` is conv1's we
 ``trunk.0.1.running_mean`` its batch norm's), and DeepCluster's fixed Sobel filter is
 ``trunk.sobel.0`` (grayscale) and ``trunk.sobel.1`` (the two kernels), outside the blocks as
 in VISSL. A VISSL checkpoint of these trunks therefore loads through the VISSL checkpoint
-path (MODEL.WEIGHTS_INIT or a resume), see ssl_engine/models/checkpoint_formats.py.
+path (MODEL.WEIGHTS_INIT or a resume), see ssl_engine/checkpoint/formats.py.
 """
 from typing import Dict, NamedTuple, Optional, Tuple
 

@@ -23,7 +23,7 @@ class StagedTrunk(nn.Module):
     default_out_feat_key: str
     # what VISSL's trunk of the same name puts before these parameter names in its checkpoints
     # ("" where the names are VISSL's already; None where they are not VISSL's names at all, so
-    # that they are read as they are but not converted; see models/checkpoint_formats.py)
+    # that they are read as they are but not converted; see checkpoint/formats.py)
     VISSL_KEY_PREFIX: Optional[str] = ""
 
     def __init__(self, model_cfg=None):

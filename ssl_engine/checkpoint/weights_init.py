@@ -6,7 +6,7 @@ this engine or of VISSL) maps onto the model's ``state_dict()`` keys ("trunk.<k>
 by itself: as in VISSL, REMOVE_PREFIX and APPEND_PREFIX are not applied to it.  The keys of a
 plain state dict are mapped by REMOVE_PREFIX, then APPEND_PREFIX.  Either way VISSL's names
 (``trunk._feature_blocks.<k>``, ``trunk.base_model._feature_blocks.<k>``, an eval_mlp's
-``clf.clf.``) are then read as this engine's (checkpoint_formats).  Keys containing a
+``clf.clf.``) are then read as this engine's (``formats``).  Keys containing a
 SKIP_LAYERS string, in this engine's or VISSL's spelling, are not loaded.  Model keys the file
 lacks keep their initial values (e.g. the linear-evaluation heads of a pretraining checkpoint)
 and are reported, as are file keys the model lacks.
@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Mapping
 import torch
 from torch import nn
 
-from ssl_engine.models.checkpoint_formats import (FEATURE_BLOCKS, model_key_from_vissl,
-                                                  model_key_prefix, model_key_to_vissl)
-from ssl_engine.utils.checkpoint import load_checkpoint
+from ssl_engine.checkpoint.formats import (FEATURE_BLOCKS, model_key_from_vissl, model_key_prefix,
+                                          model_key_to_vissl)
+from ssl_engine.checkpoint.io import load_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -28,11 +28,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 import torchvision
 
+from ssl_engine.models.registry import MODEL_TRUNKS
+from ssl_engine.models.state_dict import key_differences, named_keys
+
 FEATURE_BLOCKS = "_feature_blocks."
 FEATURE_EXTRACTOR = "base_model."
 BESIDE_FEATURE_BLOCKS = ("sobel.",)  # VISSL trunk keys outside _feature_blocks, named alike
 VISSL_EVAL_MLP, OUR_EVAL_MLP = "clf.clf.", "mlp.clf."
-MAX_NAMED = 10
 REGNET_FSDP_GROUP = re.compile(r"^(res\d+\.)block\d+-part\d+\.")
 
 StateDict = Dict[str, torch.Tensor]
@@ -42,19 +44,10 @@ class CheckpointFormatError(ValueError):
     """A file's keys do not fit the layout it is converted from or to."""
 
 
-def _names(keys) -> str:
-    keys = list(keys)
-    more = f", ... ({len(keys) - MAX_NAMED} more)" if len(keys) > MAX_NAMED else ""
-    return ", ".join(keys[:MAX_NAMED]) + more
-
-
 def key_mismatch_message(what: str, missing, unexpected, reshaped=()) -> str:
     """``what``, then the missing, unexpected and reshaped keys ('' when none)."""
-    parts = [f"{title} ({len(items)}): {_names(items)}"
-             for title, items in (("missing keys", list(missing)),
-                                  ("unexpected keys", list(unexpected)),
-                                  ("shape mismatches", list(reshaped))) if items]
-    return f"{what}: " + "; ".join(parts) if parts else ""
+    differences = key_differences(missing, unexpected, reshaped)
+    return f"{what}: {differences}" if differences else ""
 
 
 # ------------------------------------------------------------------ key names, one at a time
@@ -62,8 +55,6 @@ def trunk_vissl_layout(trunk_name: Optional[str]) -> Optional[str]:
     """The ``VISSL_KEY_PREFIX`` of the trunk class registered as ``trunk_name``: what VISSL puts
     before its key names, or None when VISSL has no layout for it; ResNet's
     (``_feature_blocks.``) when no name is known."""
-    from ssl_engine.models.registry import MODEL_TRUNKS
-
     if trunk_name is None or trunk_name not in MODEL_TRUNKS.names():
         return FEATURE_BLOCKS
     return getattr(MODEL_TRUNKS.get(trunk_name), "VISSL_KEY_PREFIX", "")
@@ -180,7 +171,7 @@ def model_state_of(checkpoint: Mapping[str, Any], what: str = "the file") -> Map
         pass
     raise CheckpointFormatError(
         f"{what} is no checkpoint of this engine or VISSL: expected classy_state_dict -> "
-        f"base_model -> model -> {{trunk, heads}}; its top-level keys: {_names(checkpoint)}")
+        f"base_model -> model -> {{trunk, heads}}; its top-level keys: {named_keys(checkpoint)}")
 
 
 def engine_checkpoint(model_state: Mapping[str, Any], **extra: Any) -> dict:
@@ -210,7 +201,7 @@ def infer_resnet_depth(trunk: Mapping[str, Any]) -> int:
     if depth is None:
         raise CheckpointFormatError(
             f"the trunk is no torchvision ResNet: blocks per stage {blocks} "
-            f"({'bottleneck' if bottleneck else 'basic'} blocks); its keys: {_names(trunk)}")
+            f"({'bottleneck' if bottleneck else 'basic'} blocks); its keys: {named_keys(trunk)}")
     return depth
 
 

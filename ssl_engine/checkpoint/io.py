@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic writes, the ``checkpoint.torch`` pointer, safe loading.
+"""Checkpoint files: their names, atomic writes, the ``checkpoint.torch`` pointer, safe loading.
 
 A save writes to a temporary name in the same folder, fsyncs it, and renames it over the final
 name, so a crash mid-write never leaves a broken file under a checkpoint's name.  The pointer
@@ -35,6 +35,17 @@ logger = logging.getLogger(__name__)
 
 LATEST_NAME = "checkpoint.torch"
 _NAME_ORDER = re.compile(r"model_(final_checkpoint_)?(phase|iteration)(\d+)\.torch$")
+
+
+def iteration_checkpoint_name(iteration: int) -> str:
+    """The file of a save within a phase (VISSL's name): ``model_iteration<N>.torch``."""
+    return f"model_iteration{iteration}.torch"
+
+
+def phase_checkpoint_name(train_phase_idx: int, final: bool = False) -> str:
+    """The file of a save at the end of a training phase (VISSL's names):
+    ``model_phase<N>.torch``, ``model_final_checkpoint_phase<N>.torch`` for the last one."""
+    return f"model_{'final_checkpoint_' if final else ''}phase{train_phase_idx}.torch"
 
 
 class CheckpointError(RuntimeError):
