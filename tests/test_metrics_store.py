@@ -1,7 +1,13 @@
 """The metrics store: windows, groups, one all-reduce per reduction, what a checkpoint keeps."""
+import importlib
+import logging
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+from engine_utils import metrics, run_engine
 from ssl_engine.utils import metrics_store
 from ssl_engine.utils.metrics_store import MetricsStore
 
@@ -81,3 +87,22 @@ def test_floats_round_trip_through_a_checkpoint(reductions):
                                  if key != "monitor"}
     store.reset()
     assert store.names() == [] and store.reduce() == {}
+
+
+def test_documented_hook_puts_a_scalar_the_log_and_metrics_json_report(tmp_path, caplog):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs/examples"))
+    try:
+        importlib.import_module("grad_norm_hook")  # registers "grad_norm"
+    finally:
+        sys.path.pop(0)
+    with caplog.at_level(logging.INFO):
+        run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1", "config.LOG_FREQUENCY=1",
+                              "config.HOOKS.EXTRA_HOOKS=[grad_norm]"])
+    records = metrics(tmp_path)
+    steps = [r for r in records if r.get("phase") == "train"]
+    assert steps and all(r["metrics"]["grad_norm"] > 0 for r in steps)
+    phase_end = next(r for r in records if r.get("phase_end") == "train")
+    mean = sum(r["metrics"]["grad_norm"] for r in steps) / len(steps)
+    assert phase_end["metrics_avg"]["grad_norm"] == pytest.approx(mean, rel=1e-5)
+    assert any(f"grad_norm {steps[0]['metrics']['grad_norm']:.4g} |" in r.getMessage()
+               for r in caplog.records)
