@@ -8,6 +8,7 @@ import torch
 from ssl_engine.hooks.collapse_monitor_hook import CollapseMonitorHook, embedding_std
 from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.swav_loss import SwAVLoss
+from ssl_engine.utils.metrics_store import MetricsStore
 
 
 def test_embedding_std_is_one_when_spread_and_zero_when_collapsed():
@@ -26,17 +27,17 @@ def test_embedding_std_is_one_when_spread_and_zero_when_collapsed():
 
 def test_hook_records_every_training_step_and_warns_once(caplog):
     hook = CollapseMonitorHook(min_embedding_std=0.05)
-    task = SimpleNamespace(train=True, iteration=3, monitor_stats=[], loss=SSLLoss(),
+    task = SimpleNamespace(train=True, iteration=3, metrics=MetricsStore(), loss=SSLLoss(),
                            last_model_output=[torch.ones(8, 16)])
     with caplog.at_level(logging.WARNING):
         hook.on_loss_and_meter(task)
         hook.on_loss_and_meter(task)
-    assert [float(s["embedding_std"]) for s in task.monitor_stats] == [0.0, 0.0]
+    assert [float(s["embedding_std"]) for s in task.metrics.history("monitor")] == [0.0, 0.0]
     warnings = [r for r in caplog.records if "collapse at iteration 3" in r.getMessage()]
     assert len(warnings) == 1
     task.train = False  # evaluation steps are not monitored
     hook.on_loss_and_meter(task)
-    assert len(task.monitor_stats) == 2
+    assert len(task.metrics.history("monitor")) == 2
 
 
 def test_swav_reports_entropies_and_warns_when_assignments_are_uniform():
@@ -73,7 +74,7 @@ def test_dino_reports_the_teacher_entropies_and_warns_on_both_collapses():
     assert float(loss_fn.collapse_statistics()["teacher_entropy"]) == pytest.approx(
         float(expected), rel=1e-6)
     assert DINOLoss.collapse_warning(loss_fn.collapse_statistics()) is None
-    hook_task = SimpleNamespace(train=True, iteration=0, monitor_stats=[], loss=loss_fn,
+    hook_task = SimpleNamespace(train=True, iteration=0, metrics=MetricsStore(), loss=loss_fn,
                                 last_model_output=[torch.randn(4, 5)])
     CollapseMonitorHook(0.05).on_loss_and_meter(hook_task)
-    assert set(hook_task.monitor_stats[0]) == {"teacher_entropy", "teacher_mean_entropy"}
+    assert set(hook_task.metrics.history("monitor")[0]) == {"teacher_entropy", "teacher_mean_entropy"}

@@ -16,6 +16,7 @@ from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
 from ssl_engine.trainer.train_steps.standard_train_step import (
     clip_gradients, standard_train_step, update,
 )
+from ssl_engine.utils.metrics_store import MetricsStore
 
 QUICK = "config=test/quick_simclr_synthetic"
 
@@ -120,8 +121,8 @@ def test_the_standard_train_step_updates_with_clipped_gradients():
     task.__dict__.update(
         data_iterator=iter([{"input": inputs, "target": torch.zeros(6)}]),
         to_device=lambda batch: batch, train=True, model=model, run_hook=run_hook,
-        loss=FunctionLoss(lambda output, target: output.pow(2).sum() * 10.0), losses=[],
-        loss_terms=[], meters=[], phase_idx=0, max_iteration=1, iteration_num_in_phase=0)
+        loss=FunctionLoss(lambda output, target: output.pow(2).sum() * 10.0),
+        metrics=MetricsStore(), meters=[], phase_idx=0, max_iteration=1, iteration_num_in_phase=0)
     standard_train_step(task)
     assert norms == [pytest.approx(0.5, rel=1e-5)] and task.iteration == 1
 

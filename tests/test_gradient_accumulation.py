@@ -10,6 +10,7 @@ import torch
 from engine_utils import FunctionLoss, final_weights, metrics, run_engine
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_loss
+from ssl_engine.utils.metrics_store import MetricsStore
 
 CONFIG = "config=test/quick_simsiam_synthetic"
 # no batch statistics anywhere: the loss of a batch is the mean of its samples' losses
@@ -87,7 +88,7 @@ def test_the_update_of_a_shorter_group_uses_the_mean_gradient_of_its_micro_batch
     task = SimpleNamespace(
         data_iterator=iter(batches), to_device=lambda b: b, model=model, base_model=model,
         train=True, loss=FunctionLoss(lambda out, target: (out.squeeze(1) ** 2).mean()),
-        meters=[], losses=[], loss_terms=[], run_hook=lambda event: None, iteration=0,
+        meters=[], metrics=MetricsStore(), run_hook=lambda event: None, iteration=0,
         phase_idx=0, max_iteration=1,
         iteration_num_in_phase=0, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         amp=MixedPrecision(None, "cpu"), accumulation_steps=3,  # the data ends after 2

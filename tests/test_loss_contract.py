@@ -8,6 +8,7 @@ import torch
 
 from engine_utils import FunctionLoss, final_weights, metrics, run_engine
 from ssl_engine import losses
+from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import load_defaults
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.hooks import SSLHook
@@ -15,8 +16,8 @@ from ssl_engine.losses import (LOSS_REGISTRY, SimclrInfoNCELoss, SSLLoss, StepCo
                                build_loss, loss_class)
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.train_steps.standard_train_step import forward_loss_and_meters
-from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.utils.classy import ClassyLoss, register_loss
+from ssl_engine.utils.metrics_store import MetricsStore
 
 OURS = [getattr(losses, name) for name in losses.__all__
         if isinstance(getattr(losses, name), type) and issubclass(getattr(losses, name), SSLLoss)
@@ -126,7 +127,7 @@ def test_the_train_step_gives_the_loss_its_step_context():
 
     model = torch.nn.Linear(2, 1)
     task = SimpleNamespace(model=model, train=True, loss=Recording(lambda out, t: out.sum()),
-                           meters=[], losses=[], loss_terms=[], run_hook=lambda event: None,
+                           meters=[], metrics=MetricsStore(), run_hook=lambda event: None,
                            iteration=5, phase_idx=2, max_iteration=12,
                            amp=MixedPrecision(None, "cpu"))
     batch = {"input": torch.ones(3, 2), "target": torch.zeros(3)}

@@ -9,6 +9,7 @@ from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.train_steps.standard_train_step import (
     NonFiniteLossError, standard_train_step,
 )
+from ssl_engine.utils.metrics_store import MetricsStore
 
 
 class RecordingOptimizer:
@@ -27,9 +28,9 @@ def fake_task(loss_value):
     batch = {"input": torch.ones(3, 2), "target": torch.zeros(3, dtype=torch.long)}
     return SimpleNamespace(
         data_iterator=iter([batch]), to_device=lambda b: b, model=model, train=True,
-        loss=FunctionLoss(lambda out, target: out.sum() * 0 + loss_value), meters=[], losses=[],
-        loss_terms=[], run_hook=lambda event: None, iteration=41, phase_idx=3, max_iteration=50,
-        iteration_num_in_phase=5,
+        loss=FunctionLoss(lambda out, target: out.sum() * 0 + loss_value), meters=[],
+        metrics=MetricsStore(), run_hook=lambda event: None, iteration=41, phase_idx=3,
+        max_iteration=50, iteration_num_in_phase=5,
         optimizer=RecordingOptimizer(), where=0.5, amp=MixedPrecision(None, "cpu"),
     )
 
@@ -46,7 +47,7 @@ def test_step_updates_counters_and_stops_at_end_of_data():
     task = fake_task(1.0)
     standard_train_step(task)
     assert task.iteration == 42 and task.iteration_num_in_phase == 6
-    assert float(task.last_loss) == 1.0 and len(task.losses) == 1
+    assert float(task.last_loss) == 1.0 and len(task.metrics.history("loss")) == 1
     assert task.optimizer.wheres == [0.5]
     with pytest.raises(StopIteration):
         standard_train_step(task)

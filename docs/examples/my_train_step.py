@@ -47,7 +47,7 @@ def accumulate_and_clip_step(task):
             loss.backward()
             total += loss.detach()
         task.last_loss = total
-        task.losses.append(total)
+        task.metrics.put("loss", total)
         task.run_hook(Event.on_backward)
         torch.nn.utils.clip_grad_norm_(task.base_model.parameters(), MAX_GRAD_NORM)
         update(task)

@@ -30,8 +30,9 @@ def embedding_std(embedding: torch.Tensor) -> torch.Tensor:
 
 
 class CollapseMonitorHook(SSLHook):
-    """After every training forward pass, the statistics go to ``task.monitor_stats`` (the log
-    averages them like the loss terms); the first time they show collapse, a warning."""
+    """After every training forward pass, the statistics go to the metrics store's series
+    ``"monitor"`` (the log averages them like the loss terms); the first time they show
+    collapse, a warning."""
 
     def __init__(self, min_embedding_std: float):
         super().__init__()
@@ -61,7 +62,7 @@ class CollapseMonitorHook(SSLHook):
         if not task.train:
             return
         stats = self.statistics(task)
-        task.monitor_stats.append(stats)
+        task.metrics.put("monitor", stats)
         if self.warned:
             return
         message = self.warning(task, stats)

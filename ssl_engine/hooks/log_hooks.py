@@ -1,5 +1,7 @@
 """Progress logging: every LOG_FREQUENCY iterations and at every phase end, to the log and to
-``metrics.json`` (one JSON object per line) in CHECKPOINT.DIR."""
+``metrics.json`` (one JSON object per line) in CHECKPOINT.DIR. The loss, its terms, the
+collapse statistics and any other series come averaged from the task's metrics store
+(``task.metrics``, ssl_engine/utils/metrics_store.py)."""
 import datetime
 import json
 import logging
@@ -12,7 +14,7 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.utils.distributed import all_reduce_mean, get_world_size, is_primary
+from ssl_engine.utils.distributed import get_world_size, is_primary
 
 logger = logging.getLogger(__name__)
 
@@ -28,22 +30,20 @@ def meter_values(task) -> Dict[str, Any]:
     return {meter.name: meter.value for meter in task.meters}
 
 
-def mean_loss(losses) -> float:
-    """The mean of this rank's losses, averaged over ranks."""
-    if not losses:
-        return float("nan")
-    return float(all_reduce_mean(torch.stack(list(losses)).float().mean()))
+# The series of the metrics store the log reports under names of their own; any other series
+# (a user hook's) goes to the log line and to metrics.json's "metrics" / "metrics_avg".
+OWN_SERIES = ("loss", "loss_terms", "monitor")
 
 
-def mean_loss_terms(loss_terms) -> Dict[str, float]:
-    """Each named loss term (see ``task.loss_terms``) averaged over steps, then over ranks;
-    the names are the same on every rank, so every rank takes part in the same reductions."""
-    names = sorted({name for terms in loss_terms for name in terms})
-    if not names:
-        return {}
-    means = torch.stack([torch.stack([terms[name].float() for terms in loss_terms
-                                      if name in terms]).mean() for name in names])
-    return dict(zip(names, all_reduce_mean(means).tolist()))
+def other_series(values: Dict[str, Any]) -> Dict[str, Any]:
+    """The reduced series of ``values`` (``MetricsStore.reduce``) not in OWN_SERIES."""
+    return {name: value for name, value in values.items() if name not in OWN_SERIES}
+
+
+def flat_text(values: Dict[str, Any], prefix: str = "") -> str:
+    """" name value" for every scalar of ``values``, groups as name/key."""
+    return "".join(flat_text(value, f"{prefix}{name}/") if isinstance(value, dict)
+                   else f" {prefix}{name} {value:.4g}" for name, value in values.items())
 
 
 def append_metrics(folder: str, record: Dict[str, Any]) -> None:
@@ -139,9 +139,10 @@ class LogLossLrEtaHook(SSLHook):
         last_of_phase = task.iteration_num_in_phase == task.num_iters_in_phase
         if count % self.log_frequency and not last_of_phase:
             return
-        loss = mean_loss(task.losses[-self._window_steps:])
-        terms = mean_loss_terms(task.loss_terms[-self._window_steps:])
-        monitor = mean_loss_terms(task.monitor_stats[-self._window_steps:]) if task.train else {}
+        values = task.metrics.reduce(last=self._window_steps)  # collective: every rank
+        loss, terms = values.get("loss", float("nan")), values.get("loss_terms", {})
+        monitor = values.get("monitor", {}) if task.train else {}
+        others = other_series(values)
         elapsed = time.perf_counter() - self._window_start
         images, views = (count * get_world_size() for count in batch_counts(task.last_batch))
         record = {
@@ -153,6 +154,7 @@ class LogLossLrEtaHook(SSLHook):
             "loss": loss,
             **({"loss_terms": terms} if terms else {}),
             **({"monitor": monitor} if monitor else {}),
+            **({"metrics": others} if others else {}),
             "lr": task.optimizer.get_lr() if task.optimizer else None,
             "images_per_sec": images * self._window_steps / max(elapsed, 1e-9),
             "views_per_sec": views * self._window_steps / max(elapsed, 1e-9),
@@ -170,25 +172,29 @@ class LogLossLrEtaHook(SSLHook):
         views_text = f" ({record['views_per_sec']:.1f} views/s)" if views != images else ""
         monitor_text = "".join(f" {name} {value:.3f}" for name, value in monitor.items())
         logger.info(
-            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s |%s lr %s | %.1f img/s%s | "
+            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s |%s%s lr %s | %.1f img/s%s | "
             "data %.3fs | eta %s | peak mem %.0f MiB",
             record["phase"], task.phase_idx, task.iteration, task.iteration_num_in_phase,
             task.num_iters_in_phase, loss, terms_text,
-            f" collapse monitor:{monitor_text} |" if monitor else "", lr_text,
+            f" collapse monitor:{monitor_text} |" if monitor else "",
+            f"{flat_text(others)} |" if others else "", lr_text,
             record["images_per_sec"], views_text, record["data_time"], eta_text,
             record["peak_mem_mb"],
         )
         append_metrics(self.output_dir, record)
 
     def on_phase_end(self, task) -> None:
+        values = task.metrics.reduce()  # the whole phase; collective: every rank
+        others = other_series(values)
         record = {
             "phase_end": task.phase_type,
             "phase_idx": task.phase_idx,
             "train_phase_idx": task.train_phase_idx,
             "iteration": task.iteration,
-            "loss_avg": mean_loss(task.losses),
-            "loss_terms_avg": mean_loss_terms(task.loss_terms),
-            "monitor_avg": mean_loss_terms(task.monitor_stats),
+            "loss_avg": values.get("loss", float("nan")),
+            "loss_terms_avg": values.get("loss_terms", {}),
+            "monitor_avg": values.get("monitor", {}),
+            **({"metrics_avg": others} if others else {}),
             "meters": meter_values(task),
             "phase_time_seconds": time.perf_counter() - self._phase_start,
         }

@@ -1,8 +1,9 @@
-"""TensorBoard curves (loss, lr, images/s, meters) with tensorboard's own SummaryWriter."""
+"""TensorBoard curves (loss, lr, meters, any other series of the metrics store) with
+tensorboard's own SummaryWriter."""
 from pathlib import Path
 
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.log_hooks import mean_loss, mean_loss_terms
+from ssl_engine.hooks.log_hooks import other_series
 from ssl_engine.utils.distributed import is_primary
 
 
@@ -34,25 +35,30 @@ class TensorboardHook(SSLHook):
     def on_step(self, task) -> None:
         if not task.train or task.iteration % self.log_frequency:
             return
-        loss = mean_loss(task.losses[-self.log_frequency:])  # collective: every rank
-        terms = mean_loss_terms(task.loss_terms[-self.log_frequency:])
+        values = task.metrics.reduce(last=self.log_frequency)  # collective: every rank
         if self.writer is None:
             return
-        self.writer.add_scalar("Losses/train_loss", loss, task.iteration)
-        for name, value in terms.items():
+        self.writer.add_scalar("Losses/train_loss", values.get("loss", float("nan")),
+                               task.iteration)
+        for name, value in values.get("loss_terms", {}).items():
             self.writer.add_scalar(f"Losses/train_{name}", value, task.iteration)
+        for tag, value in _flatten("Metrics/train", other_series(values), {}).items():
+            self.writer.add_scalar(tag, value, task.iteration)
         if task.optimizer is not None:
             self.writer.add_scalar("Optimizer/lr", task.optimizer.get_lr(), task.iteration)
 
     def on_phase_end(self, task) -> None:
-        loss = mean_loss(task.losses)
-        terms = mean_loss_terms(task.loss_terms)
+        values = task.metrics.reduce()  # the whole phase; collective: every rank
         if self.writer is None:
             return
         step = task.train_phase_idx
-        self.writer.add_scalar(f"Losses/{task.phase_type}_loss_avg", loss, step)
-        for name, value in terms.items():
+        self.writer.add_scalar(f"Losses/{task.phase_type}_loss_avg",
+                               values.get("loss", float("nan")), step)
+        for name, value in values.get("loss_terms", {}).items():
             self.writer.add_scalar(f"Losses/{task.phase_type}_{name}_avg", value, step)
+        for tag, value in _flatten(f"Metrics/{task.phase_type}_avg", other_series(values),
+                                   {}).items():
+            self.writer.add_scalar(tag, value, step)
         for meter in task.meters:
             for tag, value in _flatten(f"Meters/{task.phase_type}/{meter.name}", meter.value,
                                        {}).items():

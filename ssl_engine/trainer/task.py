@@ -20,6 +20,7 @@ from ssl_engine.utils import rng
 from ssl_engine.utils.classy import ClassyTask, register_task
 from ssl_engine.utils.device import to_device
 from ssl_engine.utils.distributed import broadcast_buffers, get_rank, get_world_size
+from ssl_engine.utils.metrics_store import MetricsStore
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,8 @@ class SelfSupervisionTask(ClassyTask):
         self.datasets: Dict[str, Any] = {}
         self.data_iterator = None
         self._loaders: Dict[str, Any] = {}  # persistent loaders by split
-        self.losses: List[torch.Tensor] = []
-        self.loss_terms: List[Dict[str, torch.Tensor]] = []  # named parts of each loss
-        self.monitor_stats: List[Dict[str, torch.Tensor]] = []  # collapse statistics per step
+        # the phase's loss, its named terms, collapse statistics... (hooks/base.py)
+        self.metrics = MetricsStore(device)
         self.last_batch = self.last_model_output = self.last_loss = None
         self.data_time = self.step_time = 0.0
         self.hook_seconds = 0.0  # time spent in hooks so far (HOOKS.PERF_STATS's breakdown)
@@ -213,7 +213,7 @@ class SelfSupervisionTask(ClassyTask):
             self.train_phase_idx += 1
         start_iter, self._resume_start_iter = self._resume_start_iter, 0
         if start_iter == 0:
-            self.losses, self.loss_terms, self.monitor_stats = [], [], []
+            self.metrics.reset()
             for meter in self.meters:
                 meter.reset()
         self.iteration_num_in_phase = start_iter
@@ -299,8 +299,8 @@ class SelfSupervisionTask(ClassyTask):
             "optimizer": self.optimizer.get_classy_state() if self.optimizer else None,
             "loss": self.loss.get_classy_state(),
             "meters": [meter.get_classy_state() for meter in self.meters],
-            "losses": [float(v) for v in self.losses],
-            "loss_terms": [{k: float(v) for k, v in t.items()} for t in self.loss_terms],
+            "losses": self.metrics.floats("loss"),
+            "loss_terms": self.metrics.floats("loss_terms"),
             "amp_grad_scaler": self.amp.state_dict(),
         }
         if self.ema_model is not None:
@@ -331,9 +331,9 @@ class SelfSupervisionTask(ClassyTask):
         else:  # re-enter the same phase, skipping the batches already done
             for meter, meter_state in zip(self.meters, state["meters"]):
                 meter.set_classy_state(meter_state)
-            self.losses = [torch.tensor(v) for v in state["losses"]]
-            self.loss_terms = [{k: torch.tensor(v) for k, v in t.items()}
-                               for t in state.get("loss_terms", [])]
+            self.metrics.reset()  # the phase's averages go on from the saved values
+            self.metrics.set_history("loss", state["losses"])
+            self.metrics.set_history("loss_terms", state.get("loss_terms", []))
             self.phase_idx = state["phase_idx"] - 1
             phase_is_train = self.phases[state["phase_idx"]]["train"]
             self.train_phase_idx = state["train_phase_idx"] - (1 if phase_is_train else 0)

@@ -53,7 +53,8 @@ def loss_terms(loss_module) -> dict:
 
 
 def forward_loss_and_meters(task, batch) -> torch.Tensor:
-    """Forward pass, loss (refused when not finite) and meter updates, with their hooks."""
+    """Forward pass, loss (refused when not finite) and meter updates, with their hooks; the
+    loss and its named terms go to the metrics store (series "loss" and "loss_terms")."""
     with torch.set_grad_enabled(task.train):
         with task.amp.autocast():  # MODEL.AMP_PARAMS; a no-op when off
             output = task.model(batch["input"])
@@ -63,8 +64,8 @@ def forward_loss_and_meters(task, batch) -> torch.Tensor:
         loss = task.loss(task.last_model_output, batch["target"])
     check_loss_is_finite(task, loss)
     task.last_loss = loss.detach()
-    task.losses.append(task.last_loss)
-    task.loss_terms.append(loss_terms(task.loss))
+    task.metrics.put("loss", task.last_loss)
+    task.metrics.put("loss_terms", loss_terms(task.loss))
     with torch.no_grad():
         for meter in task.meters:
             meter.update(task.last_model_output, batch["target"])
