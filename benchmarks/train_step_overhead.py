@@ -21,7 +21,7 @@ import time
 import torch
 
 from ssl_engine.config import load_config
-from ssl_engine.hooks import default_hook_generator
+from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.trainer import SelfSupervisionTrainer
 
 

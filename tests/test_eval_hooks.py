@@ -12,7 +12,8 @@ from ssl_engine.evaluation.knn import knn_classify
 from ssl_engine.evaluation.labelled_features import EvalSplits, evaluation_mode
 from ssl_engine.evaluation.low_shot import low_shot_eval
 from ssl_engine.evaluation.report import feature_report_table
-from ssl_engine.hooks import FeatureReportHook, KnnEvalHook, default_hook_generator
+from ssl_engine.hooks import FeatureReportHook, KnnEvalHook
+from ssl_engine.trainer.default_hooks import default_hook_generator
 
 TEST_TRANSFORMS = ("[{name: ImgReplicatePil, num_times: 2}, {name: Resize, size: 16}, "
                    "{name: ToTensor}, {name: Normalize, mean: [0.5, 0.5, 0.5], "

@@ -7,14 +7,9 @@ import torch
 
 from engine_utils import run_engine
 from ssl_engine.config import ConfigError, load_config
-from ssl_engine.hooks import (
-    ModelComplexityHook,
-    PerfStatsHook,
-    SSLHook,
-    default_hook_generator,
-    register_hook,
-)
+from ssl_engine.hooks import ModelComplexityHook, PerfStatsHook, SSLHook, register_hook
 from ssl_engine.hooks.perf_hooks import model_complexity
+from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.trainer.train_steps.standard_train_step import check_loss_is_finite
 
 

@@ -144,3 +144,76 @@ def test_checkpoint_imports_only_utils_models_and_itself():
               if name.split(".")[:2] in (["ssl_engine", "models"], ["ssl_engine", "utils"])
               for dep in deps if dep.startswith("ssl_engine.checkpoint")}
     assert not wrong, sorted(wrong)
+
+
+# Lowest first; a module may import its own layer and the layers below it. Packages of one
+# layer are peers and may import each other only where no cycle forms (the cycle test).
+LAYERS = (
+    ("utils",),
+    ("data", "models", "meters"),
+    ("optimizers", "evaluation", "checkpoint"),
+    ("config",),
+    ("hooks",),
+    ("losses",),
+    ("trainer",),
+    ("extraction",),
+    ("engines",),
+)
+MAX_FUNCTION_LEVEL_IMPORTS = 3  # classy_vision's trunks, loaded only when one is used
+LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(name) for name in module_files()} - {""}
+    assert packages == set(LAYER_OF), "give a new package its place in LAYERS"
+
+
+def test_no_module_imports_a_higher_layer():
+    """utils < data, models, meters < optimizers, evaluation, checkpoint < config < hooks
+    < losses < trainer < extraction < engines: a lower layer never imports a higher one, so
+    each layer can be read, tested and reused without what is built on top of it."""
+    upward = sorted(f"{name} imports {dep}" for name, deps in import_graph().items()
+                    if package_of(name) for dep in deps
+                    if package_of(dep) and LAYER_OF[package_of(dep)] > LAYER_OF[package_of(name)])
+    assert not upward, upward
+
+
+def function_level_imports(path: Path):
+    """(line number, source line and the line above) of every import of an ssl_engine module
+    inside a function of ``path``."""
+    lines = path.read_text().splitlines()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for inner in ast.walk(node):
+            names = ([alias.name for alias in inner.names] if isinstance(inner, ast.Import)
+                     else [inner.module or "."] if isinstance(inner, ast.ImportFrom) and
+                     not inner.level else ["ssl_engine"] if isinstance(inner, ast.ImportFrom)
+                     else [])
+            if any(n == "ssl_engine" or n.startswith("ssl_engine.") for n in names):
+                found.append((inner.lineno, lines[inner.lineno - 1], lines[inner.lineno - 2]))
+    return sorted(set(found))
+
+
+def test_function_level_imports_are_few_and_say_why():
+    """An ssl_engine import inside a function hides a dependency from a reader of the module's
+    top; the few that must stay (an optional heavy dependency, a registry filled on first use,
+    a cycle) say why in a comment on the line or the line above."""
+    found = {f"{path.relative_to(PACKAGE_ROOT)}:{line}": (text, above)
+             for path in sorted(PACKAGE_ROOT.rglob("*.py"))
+             for line, text, above in function_level_imports(path)}
+    unexplained = sorted(where for where, (text, above) in found.items()
+                         if "#" not in text and not above.strip().startswith("#"))
+    assert not unexplained, unexplained
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, sorted(found)
+
+
+def test_no_module_over_400_lines():
+    long = sorted(f"{path.relative_to(PACKAGE_ROOT)}: {n}" for path in PACKAGE_ROOT.rglob("*.py")
+                  if (n := len(path.read_text().splitlines())) > 400)
+    assert not long, long

@@ -5,7 +5,8 @@ import copy
 import torch
 
 from engine_utils import final_weights, metrics, run_engine
-from ssl_engine.hooks import SSLHook, default_hook_generator
+from ssl_engine.hooks import SSLHook
+from ssl_engine.trainer.default_hooks import default_hook_generator
 
 LINEAR_DIGITS = "config=benchmark/linear_image_classification/digits/eval_resnet_linear"
 # the tiny SimCLR run with the trunk of the digits linear evaluation (ResNet-18, width 0.5)

@@ -10,7 +10,8 @@ import torch
 
 from engine_utils import final_weights, metrics, run_engine, step_losses
 from ssl_engine.checkpoint import load_checkpoint
-from ssl_engine.hooks import SSLHook, default_hook_generator
+from ssl_engine.hooks import SSLHook
+from ssl_engine.trainer.default_hooks import default_hook_generator
 
 METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of

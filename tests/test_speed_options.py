@@ -7,7 +7,8 @@ import torch
 from engine_utils import final_weights, metrics, run_engine, step_losses
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.data.collators import build_collator
-from ssl_engine.hooks import SSLHook, default_hook_generator
+from ssl_engine.hooks import SSLHook
+from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.hooks.log_hooks import batch_counts
 from ssl_engine.losses import build_loss
 from ssl_engine.models import build_model

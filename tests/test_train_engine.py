@@ -10,7 +10,8 @@ import torch
 
 from engine_utils import QUICK, final_weights, metrics, run_engine, small_tmpfs, step_losses
 from ssl_engine.checkpoint import load_checkpoint
-from ssl_engine.hooks import SSLHook, default_hook_generator
+from ssl_engine.hooks import SSLHook
+from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.trainer import register_train_step
 from ssl_engine.trainer.train_steps.standard_train_step import standard_train_step
 

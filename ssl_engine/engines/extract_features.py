@@ -7,7 +7,7 @@ from ssl_engine.extraction.extractor import FeatureExtractor
 from ssl_engine.extraction.features import check_splits, ensure_writable
 from ssl_engine.extraction.files import extraction_dir
 from ssl_engine.extraction.one_view import check_extraction_splits
-from ssl_engine.hooks import default_hook_generator
+from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.models.base_ssl_model import check_model_config
 from ssl_engine.checkpoint import check_weights_file
 from ssl_engine.trainer.process import machine_ranks

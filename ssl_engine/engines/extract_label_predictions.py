@@ -7,7 +7,7 @@ from ssl_engine.engines.extract_features import check_extract_config
 from ssl_engine.engines.registry import register_engine
 from ssl_engine.extraction.extractor import FeatureExtractor
 from ssl_engine.extraction.label_predictions import check_prediction_config
-from ssl_engine.hooks import default_hook_generator
+from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.trainer.process import machine_ranks
 from ssl_engine.utils.logger import setup_logging
 

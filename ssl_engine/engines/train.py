@@ -2,12 +2,20 @@
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from ssl_engine.config import ConfigError
-from ssl_engine.engines.registry import register_engine
-from ssl_engine.hooks import default_hook_generator
-from ssl_engine.trainer import SelfSupervisionTrainer
-from ssl_engine.trainer.process import machine_ranks
 from ssl_engine.checkpoint import check_latest_pointer, check_resume_files, list_checkpoints
+from ssl_engine.config import ConfigError
+from ssl_engine.data import check_data_paths
+from ssl_engine.engines.registry import register_engine
+from ssl_engine.losses import loss_class
+from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
+                                              check_trainable)
+from ssl_engine.models.sync_bn import check_sync_bn_config
+from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
+from ssl_engine.trainer import SelfSupervisionTrainer
+from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable_reason
+from ssl_engine.trainer.default_hooks import default_hook_generator
+from ssl_engine.trainer.grad_clip import GradClip
+from ssl_engine.trainer.process import machine_ranks
 from ssl_engine.utils.io import os_error_text, writable_folder_error
 from ssl_engine.utils.logger import setup_logging
 
@@ -17,15 +25,6 @@ def check_train_config(cfg) -> None:
     the heads the loss needs and something to train; gradient clipping and the weight-decay
     schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
     weights file it starts from loads."""
-    from ssl_engine.data import check_data_paths
-    from ssl_engine.losses import loss_class
-    from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
-                                                  check_trainable)
-    from ssl_engine.models.sync_bn import check_sync_bn_config
-    from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
-    from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable_reason
-    from ssl_engine.trainer.grad_clip import GradClip
-
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
     device_type = "cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu"

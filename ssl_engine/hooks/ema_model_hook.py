@@ -9,6 +9,7 @@ import torch
 
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.log_hooks import append_metrics
+from ssl_engine.meters import build_meters
 from ssl_engine.utils.device import float32_outputs, to_device
 from ssl_engine.utils.distributed import is_primary
 
@@ -38,8 +39,6 @@ class EmaModelHook(SSLHook):
 
     def on_start(self, task) -> None:
         if self.meters_cfg is not None:
-            from ssl_engine.meters import build_meters
-
             self.meters = build_meters(self.meters_cfg)
 
     def on_update(self, task) -> None:

@@ -12,6 +12,7 @@ from ssl_engine.evaluation.report import feature_report_table
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.knn_hook import check_labelled_splits, knn_device, knn_settings
 from ssl_engine.hooks.log_hooks import append_metrics
+from ssl_engine.models import build_model
 
 logger = logging.getLogger(__name__)
 
@@ -19,8 +20,6 @@ logger = logging.getLogger(__name__)
 def random_init_model(cfg, device: torch.device) -> torch.nn.Module:
     """``build_model(cfg.MODEL)`` initialised from SEED_VALUE, the same on every rank; the
     caller's random generators are left as they were."""
-    from ssl_engine.models import build_model
-
     with seeded_rngs(int(cfg.SEED_VALUE)):
         model = build_model(cfg.MODEL)
     return model.to(device)

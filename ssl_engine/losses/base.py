@@ -73,8 +73,9 @@ class SSLLoss(ClassyLoss):
 
     @classmethod
     def build_hooks(cls) -> List:
-        """The hooks the loss works with, added to the run's hooks (``hooks.loss_hooks``, when
-        the hooks are built); e.g. the one driving a momentum target.  Default: none."""
+        """The hooks the loss works with, added to the run's hooks when they are built
+        (``trainer/default_hooks.py``); e.g. the one driving a momentum target. Default:
+        none."""
         return []
 
     def bind_model(self, model) -> None:

@@ -14,6 +14,8 @@ import functools
 import logging
 from typing import Dict, Iterator, Tuple
 
+from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
+
 logger = logging.getLogger(__name__)
 
 FSDP_TASK = "self_supervision_fsdp_task"
@@ -53,8 +55,6 @@ def ordinary_builder(kind: str, fsdp_name: str, ordinary_name: str, ordinary):
 
 def register_fsdp_names() -> None:
     """Register every FSDP trunk and head name as its ordinary component (idempotent)."""
-    from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
-
     for registry, names, kind in ((MODEL_TRUNKS, FSDP_TRUNKS, "trunk"),
                                   (MODEL_HEADS, FSDP_HEADS, "head")):
         for fsdp_name, ordinary_name in names.items():

@@ -24,6 +24,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ssl_engine.config import ConfigError
+from ssl_engine.losses import LOSS_REGISTRY
+from ssl_engine.losses.momentum_target import MomentumTargetLoss
+from ssl_engine.models.ema import ema_model_enabled
 from ssl_engine.trainer.task import SelfSupervisionTask
 from ssl_engine.utils.classy import register_task
 from ssl_engine.utils.distributed import BufferBroadcast, broadcast_buffers, get_rank
@@ -43,8 +47,6 @@ def _dtype(fsdp_cfg) -> torch.dtype:
         return value
     name = str(value).replace("torch.", "")
     if name not in _DTYPES:
-        from ssl_engine.config import ConfigError
-
         raise ConfigError(f"{FSDP_CONFIG}.compute_dtype={value!r} is not one of "
                           f"{', '.join(_DTYPES)}")
     return _DTYPES[name]
@@ -126,11 +128,6 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
     @classmethod
     def check_config(cls, cfg) -> None:
         """Refuse, before launch, what this task does not support yet."""
-        from ssl_engine.config import ConfigError
-        from ssl_engine.losses import LOSS_REGISTRY
-        from ssl_engine.losses.momentum_target import MomentumTargetLoss
-        from ssl_engine.models.ema import ema_model_enabled
-
         fsdp_cfg = cfg.MODEL.FSDP_CONFIG
         mixed_precision_policy(fsdp_cfg)  # compute_dtype is known
         threshold = fsdp_cfg.get("AUTO_WRAP_THRESHOLD", 0)

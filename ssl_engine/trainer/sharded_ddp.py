@@ -19,6 +19,7 @@ import logging
 import torch
 
 from ssl_engine.config import ConfigError
+from ssl_engine.trainer.amp import amp_dtype
 from ssl_engine.utils.distributed import broadcast_buffers
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ def check_sharded_ddp_config(cfg) -> None:
     """Refuse, before launch, what cannot run with USE_SDP (see the module's docstring)."""
     if not uses_sharded_ddp(cfg):
         return
-    from ssl_engine.trainer.amp import amp_dtype
 
     device_type = "cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu"
     why = None

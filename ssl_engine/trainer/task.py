@@ -8,7 +8,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.checkpoint import (VISSL_RESUME_NOT_RESTORED, CheckpointError, is_vissl_checkpoint,
                                    load_vissl_model_weights, load_weights_init, vissl_key_prefix)
+from ssl_engine.data import StatefulDistributedSampler, build_dataloader, build_dataset
+from ssl_engine.data.loader import set_loader_position, stop_workers
 from ssl_engine.hooks.base import SSLClassyHookFunctions
+from ssl_engine.losses import build_loss
+from ssl_engine.meters import build_meters
+from ssl_engine.models import build_model
+from ssl_engine.models.ema import ModelEMA, ema_model_enabled
+from ssl_engine.models.sync_bn import convert_sync_bn
+from ssl_engine.optimizers import build_optimizer
 from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_loss
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
@@ -18,6 +26,7 @@ from ssl_engine.trainer.sharded_ddp import (check_sharded_ddp_config, uses_shard
 from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
 from ssl_engine.utils.classy import ClassyTask, register_task
+from ssl_engine.utils.cpu_budget import loader_workers
 from ssl_engine.utils.device import to_device
 from ssl_engine.utils.distributed import broadcast_buffers, get_rank, get_world_size
 from ssl_engine.utils.metrics_store import MetricsStore
@@ -33,7 +42,6 @@ class SelfSupervisionTask(ClassyTask):
     started; ``iteration`` counts optimizer updates of the whole run; and
     ``iteration_num_in_phase`` counts batches done in the current phase.
     """
-
     def __init__(self, config, device: torch.device):
         super().__init__()
         self.config = config
@@ -78,13 +86,6 @@ class SelfSupervisionTask(ClassyTask):
     # ------------------------------------------------------------------ building
     def prepare(self, checkpoint: Optional[Dict[str, Any]] = None) -> None:
         """Build data, model, loss, optimizer and meters; restore ``checkpoint`` if given."""
-        from ssl_engine.data import build_dataset
-        from ssl_engine.losses import build_loss
-        from ssl_engine.meters import build_meters
-        from ssl_engine.models import build_model
-        from ssl_engine.models.sync_bn import convert_sync_bn
-        from ssl_engine.optimizers import build_optimizer
-
         cfg = self.config
         if not cfg.TEST_ONLY:
             self.datasets["TRAIN"] = build_dataset(cfg, "TRAIN")
@@ -126,8 +127,6 @@ class SelfSupervisionTask(ClassyTask):
     def _build_ema_model(self):
         """HOOKS.EMA_MODEL: the average of the weights kept beside the model (a copy of the
         initial weights), when training with SAVE_EMA_MODEL or ENABLE_EMA_METERS on."""
-        from ssl_engine.models.ema import ModelEMA, ema_model_enabled
-
         ema_cfg = self.config.HOOKS.EMA_MODEL
         if not ema_model_enabled(self.config):
             return None
@@ -162,7 +161,6 @@ class SelfSupervisionTask(ClassyTask):
                                        forward_sync_buffers=broadcast_buffers(self.config))
 
     def _iters_per_epoch(self, split: str) -> int:
-        from ssl_engine.data import StatefulDistributedSampler
 
         split_cfg = self.config.DATA[split]
         sampler = StatefulDistributedSampler(
@@ -200,10 +198,6 @@ class SelfSupervisionTask(ClassyTask):
     def advance_phase(self) -> None:
         """Move to the next phase: meters, model mode, data iterator. Raises StopIteration
         after the last phase."""
-        from ssl_engine.data import build_dataloader
-        from ssl_engine.data.loader import set_loader_position
-        from ssl_engine.utils.cpu_budget import loader_workers
-
         if self.done_training():
             raise StopIteration
         self.phase_idx += 1
@@ -240,8 +234,6 @@ class SelfSupervisionTask(ClassyTask):
         """Stop the workers of the current data iterator and of the persistent loaders (at the
         end of the run, also of a failed one: workers left to the garbage collector take
         seconds to stop)."""
-        from ssl_engine.data.loader import stop_workers
-
         stop_workers(self.data_iterator)
         self.data_iterator = None
         for loader in self._loaders.values():

@@ -3,6 +3,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 
 from ssl_engine.data.registry import register_transform
+from ssl_engine.data.transforms.chain import build_transforms
 from ssl_engine.data.transforms.photometric import check_probability
 
 
@@ -16,8 +17,6 @@ class ImgPilMultiCropRandomApply:
     takes_views = True
 
     def __init__(self, transforms: List[Dict[str, Any]], prob: Sequence[float]):
-        from ssl_engine.data.transforms.chain import build_transforms
-
         self.prob = [check_probability(p, "prob") for p in prob]
         if not self.prob:
             raise ValueError("prob needs one probability per view")
