@@ -26,8 +26,8 @@ IGNORED_KEYS: Dict[str, str] = {
     "config.LOSS.nce_loss_with_memory.ignore_index":
         f"{_UNREAD}: nce_loss_with_memory has no such setting",
     "config.MODEL.WEIGHTS_INIT.PARAM_FILE":
-        "a misspelling of MODEL.WEIGHTS_INIT.PARAMS_FILE: VISSL loaded no weights from it, and "
-        "neither does the engine (set PARAMS_FILE to load them)",
+        "a misspelling of MODEL.WEIGHTS_INIT.PARAMS_FILE: VISSL loaded no weights from it "
+        "(write PARAMS_FILE to load them)",
     "config.MODEL.TRUNK.VISION_TRANSFORMERS.HYBRID":
         f"{_UNREAD}: VISSL's vision_transformer trunk has no hybrid (CNN stem) variant",
     "config.MODEL.TRUNK.VISION_TRANSFORMERS.CONVIT":
