@@ -18,8 +18,9 @@ class SwAVPrototypesHead(nn.Module):
 
     Returns ``[embedding, scores0, scores1, ...]`` (``return_embeddings``) or the scores alone;
     the model passes them on as separate outputs.  ``num_clusters: []`` builds no prototypes
-    (the projection alone, as VISSL's configs that extract or evaluate SwAV's embedding write).  The prototypes are kept on the unit sphere
-    by the loss's hook when ``LOSS.swav_loss.normalize_last_layer`` is on.
+    (the projection alone, as VISSL's configs that extract or evaluate SwAV's embedding write).
+    The prototypes are kept on the unit sphere by the loss's hook when
+    ``LOSS.swav_loss.normalize_last_layer`` is on.
     """
 
     def __init__(
