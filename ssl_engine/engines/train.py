@@ -23,7 +23,8 @@ from ssl_engine.utils.logger import setup_logging
 
 def check_train_config(cfg) -> None:
     """The data of every phase exists; the hooks the config asks for accept it; the model has
-    the heads the loss needs and something to train; gradient clipping and the weight-decay
+    the heads the loss needs, something to train and the parameters
+    MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names; gradient clipping and the weight-decay
     schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
     weights file it starts from loads."""
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
