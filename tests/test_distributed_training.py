@@ -42,17 +42,24 @@ def test_global_batch_norm_makes_two_processes_match_one_with_batch_norm(tmp_pat
         (tmp_path / "two" / "log.txt").read_text()
 
 
-def test_torch_sync_batch_norm_is_refused_on_cpu_before_launch(tmp_path, capsys):
-    from ssl_engine.engines.launcher import main
+def test_torch_sync_batch_norm_on_cpu_runs_as_global_batch_norm(tmp_path, caplog):
+    """VISSL's GPU configs write SYNC_BN_TYPE=pytorch; on a CPU run the launcher's checked
+    config synchronises with all_reduce (the run above), with one warning."""
+    from ssl_engine.engines.prelaunch import load_checked_config
+    from ssl_engine.models.sync_bn import check_sync_bn_config
 
-    code = main(["config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path}",
-                 "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=true",
-                 "config.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=pytorch"])
-    assert code == 2
-    assert capsys.readouterr().err.strip() == (
-        "error: config.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=pytorch needs GPUs (torch's "
-        "SyncBatchNorm refuses CPU tensors): use all_reduce on a CPU")
-    assert not any(tmp_path.iterdir())
+    with caplog.at_level("WARNING", logger="ssl_engine"):
+        _, cfg = load_checked_config([
+            "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path}",
+            "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=true",
+            "config.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=pytorch"])
+    assert cfg.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE == "all_reduce"
+    warnings = [r.getMessage() for r in caplog.records if "SYNC_BN_TYPE" in r.getMessage()]
+    assert len(warnings) == 1 and "synchronised with all_reduce" in warnings[0]
+    # a config that skipped composition is still refused, not run with SyncBatchNorm on a CPU
+    cfg.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE = "pytorch"
+    with pytest.raises(ValueError, match="SYNC_BN_TYPE=pytorch needs GPUs"):
+        check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
 
 
 def test_file_init_method_two_processes(tmp_path):

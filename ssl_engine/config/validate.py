@@ -9,6 +9,8 @@ import fnmatch
 import re
 from typing import Any, Iterator, List, Sequence, Tuple
 
+from ssl_engine.config.gpu_settings import adapt_gpu_settings
+from ssl_engine.config.ignored_keys import drop_ignored_keys
 from ssl_engine.config.legacy_keys import move_legacy_keys
 from ssl_engine.config.unsupported import UNSUPPORTED_KEYS, UNSUPPORTED_NAMES, Refusal
 from ssl_engine.utils.errors import ConfigError
@@ -221,10 +223,13 @@ def _check_section(node: dict, schema_node: dict, prefix: str, schema: dict) -> 
 
 
 def validate_config(cfg: dict, schema: dict) -> None:
-    """Move older VISSL keys to their current place (in place, with a warning), refuse the
-    VISSL settings the engine does not implement, then check every key and value type of a
-    composed config (plain dicts) against the schema."""
+    """Move older VISSL keys to their current place, drop the keys VISSL's own files carry but
+    VISSL never read and rewrite GPU-only settings for the run's device (in place, with a
+    warning each), refuse the VISSL settings the engine does not implement, then check every
+    key and value type of a composed config (plain dicts) against the schema."""
     move_legacy_keys(cfg, schema)
+    drop_ignored_keys(cfg, schema)
+    adapt_gpu_settings(cfg)
     check_unsupported(cfg, schema)  # first: an unsupported value may also be of another type
     _check_section(cfg, schema, "", schema)
 

@@ -6,6 +6,7 @@ from ssl_engine.checkpoint import check_latest_pointer, check_resume_files, list
 from ssl_engine.config import ConfigError
 from ssl_engine.data import check_data_paths
 from ssl_engine.engines.registry import register_engine
+from ssl_engine.hooks.frozen_params_hook import check_frozen_params
 from ssl_engine.losses import loss_class
 from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
                                               check_trainable)
@@ -22,7 +23,8 @@ from ssl_engine.utils.logger import setup_logging
 
 def check_train_config(cfg) -> None:
     """The data of every phase exists; the hooks the config asks for accept it; the model has
-    the heads the loss needs and something to train; gradient clipping and the weight-decay
+    the heads the loss needs, something to train and the parameters
+    MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names; gradient clipping and the weight-decay
     schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
     weights file it starts from loads."""
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
@@ -44,6 +46,7 @@ def check_train_config(cfg) -> None:
         model = check_model_config(cfg.MODEL)
         if model is not None:
             check_trainable(model)
+            check_frozen_params(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP, model)
     loss_class(cfg.LOSS.name).check_model_config(cfg.MODEL)  # e.g. a predictor head it needs
     splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
     for split in splits:

@@ -3,19 +3,49 @@
 import difflib
 from typing import Dict, Sequence
 
+from torch import nn
+
 from ssl_engine.hooks.base import SSLHook
+
+
+KEY = "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP"
+# the modules fairscale's FSDP wrappers insert into parameter names (VISSL's FSDP models)
+FSDP_WRAPPER_PARTS = ("_fsdp_wrapped_module", "_fpw_module")
+
+
+def plain_parameter_name(name: str) -> str:
+    """``name`` as the model's ``named_parameters()`` gives it: without a leading ``module.``
+    (DDP's, as VISSL writes names) and without fairscale's FSDP wrapper parts
+    (``_fsdp_wrapped_module.``, ``_fpw_module.``), which the engine's models do not have."""
+    parts = [part for part in name.split(".") if part not in FSDP_WRAPPER_PARTS]
+    if parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
 
 
 def parse_frozen_params(entries: Sequence) -> Dict[str, int]:
     """``[[name, iterations], ...]`` -> {name: iterations}; names as the model's
-    ``named_parameters()`` gives them (a leading ``module.``, as VISSL writes them, is dropped)."""
+    ``named_parameters()`` gives them (``plain_parameter_name``)."""
     frozen = {}
     for entry in entries:
         if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-            raise ValueError("config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP entries are "
-                             f"[parameter_name, iterations], got {entry!r}")
-        name, iterations = str(entry[0]), int(entry[1])
-        frozen[name[len("module."):] if name.startswith("module.") else name] = iterations
+            raise ValueError(f"{KEY} entries are [parameter_name, iterations], got {entry!r}")
+        frozen[plain_parameter_name(str(entry[0]))] = int(entry[1])
+    return frozen
+
+
+def check_frozen_params(entries: Sequence, model: nn.Module) -> Dict[str, int]:
+    """The parsed map; ValueError naming the first entry that is no parameter of ``model``
+    (with the closest name).  Called before launch (engines/train.py, on the model built on
+    the meta device) and by the hook when the run starts."""
+    frozen = parse_frozen_params(entries)
+    names = [name for name, _ in model.named_parameters()]
+    for name in frozen:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"{KEY} names '{name}', which is not a parameter of the "
+                             f"model{hint}")
     return frozen
 
 
@@ -26,16 +56,11 @@ class FrozenParamsHook(SSLHook):
 
     def __init__(self, entries: Sequence):
         super().__init__()
+        self.entries = list(entries)
         self.frozen = parse_frozen_params(entries)
 
     def on_start(self, task) -> None:
-        names = [name for name, _ in task.base_model.named_parameters()]
-        for name in self.frozen:
-            if name not in names:
-                close = difflib.get_close_matches(name, names, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise ValueError(f"config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names '{name}', "
-                                 f"which is not a parameter of the model{hint}")
+        check_frozen_params(self.entries, task.base_model)
 
     def on_backward(self, task) -> None:
         params = dict(task.base_model.named_parameters())

@@ -159,10 +159,11 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         return self
 
     # ------------------------------------------------------------------ features
-    def _stage_outputs(
+    def _stage_output_list(
         self, x: ModelInput, keys: Sequence[str], pools: Optional[Sequence[nn.Module]] = None
-    ) -> Dict[str, torch.Tensor]:
-        """The trunk's ``keys`` stages (each through its pool op if given), crops concatenated."""
+    ) -> List[torch.Tensor]:
+        """The trunk's ``keys`` stages in order (each through its pool op if given), crops
+        concatenated; a stage listed twice gives two entries."""
         batches = [x] if isinstance(x, torch.Tensor) else list(x)
         if not batches or not all(isinstance(batch, torch.Tensor) for batch in batches):
             raise TypeError("the model takes a Tensor or a non-empty list of Tensors")
@@ -172,7 +173,14 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             if pools is not None:
                 outputs = [pool(output) for pool, output in zip(pools, outputs)]
             per_batch.append(outputs)
-        return {key: concat_crops(key, [f[i] for f in per_batch]) for i, key in enumerate(keys)}
+        return [concat_crops(key, [f[i] for f in per_batch]) for i, key in enumerate(keys)]
+
+    def _stage_outputs(
+        self, x: ModelInput, keys: Sequence[str], pools: Optional[Sequence[nn.Module]] = None
+    ) -> Dict[str, torch.Tensor]:
+        """``_stage_output_list`` by stage name (a stage listed twice: its last entry, as
+        VISSL's features by name)."""
+        return dict(zip(keys, self._stage_output_list(x, keys, pools)))
 
     def extract_features(
         self, x: ModelInput, out_feat_keys: Optional[Sequence[str]] = None
@@ -186,7 +194,8 @@ class BaseSSLMultiInputOutputModel(nn.Module):
 
     def forward(self, x: ModelInput) -> List[torch.Tensor]:
         if self.eval_settings.heads_per_stage:
-            features = [torch.flatten(f, 1) for f in self.pooled_eval_features(x).values()]
+            features = [torch.flatten(f, 1) for f in self._stage_output_list(
+                x, self.eval_settings.stages, list(self.feat_pools))]
             if not self.heads:
                 return features
             with float32_heads(features[0]) as to_float:
@@ -220,7 +229,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         EXTRACT_TRUNK_FEATURES_ONLY, else "heads" (one output) or "heads0", "heads1", ..."""
         settings = self.eval_settings
         if settings.extract_trunk_features_only:
-            return settings.stages or [self.trunk.default_out_feat_key]
+            return list(dict.fromkeys(settings.stages)) or [self.trunk.default_out_feat_key]
         if not self.heads:
             raise ValueError(
                 f"the model has no heads to extract features from; set "

@@ -31,7 +31,9 @@ def build_pool_op(index: int, name: Any, args: Any) -> nn.Module:
 
 
 def parse_pool_ops_map(entries: Any) -> List[Tuple[str, nn.Module]]:
-    """``[[stage, [pool_op_name, [args]]], ...]`` -> ``[(stage, pool module), ...]``."""
+    """``[[stage, [pool_op_name, [args]]], ...]`` -> ``[(stage, pool module), ...]``.  A stage
+    may be listed more than once (pooled two ways, each entry with its own head), as VISSL's
+    linear evaluations of several pooled shapes do."""
     parsed = []
     for index, entry in enumerate(entries or []):
         ok = (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
@@ -43,10 +45,6 @@ def parse_pool_ops_map(entries: Any) -> List[Tuple[str, nn.Module]]:
             )
         stage, (name, args) = entry
         parsed.append((stage, build_pool_op(index, name, args)))
-    stages = [stage for stage, _ in parsed]
-    repeated = sorted({stage for stage in stages if stages.count(stage) > 1})
-    if repeated:
-        raise ValueError(f"{POOL_OPS_MAP} lists stage(s) {repeated} more than once")
     return parsed
 
 

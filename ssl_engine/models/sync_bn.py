@@ -4,6 +4,9 @@
 tensors).  ``SYNC_BN_TYPE=all_reduce`` converts to ``GlobalBatchNorm``, which all-reduces the
 statistics with a differentiable sum and so runs on any backend (gloo on a CPU, NCCL on GPUs).
 With either, N processes with a batch of B normalise exactly like one process with N * B.
+VISSL's configs write ``pytorch`` or ``apex`` for GPUs: composing a config for a CPU run reads
+both as ``all_reduce`` (and ``apex`` as ``pytorch`` on GPUs), with a warning
+(config/gpu_settings.py), so the checks here see what the run does.
 """
 import logging
 from typing import Optional

@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ssl_engine.config.gpu_settings import APEX_AMP_ARGS
 from ssl_engine.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def amp_dtype(amp_cfg, device_type: str) -> Optional[torch.dtype]:
     if dtype == torch.float16 and device_type != "cuda":
         raise ConfigError("config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=float16 needs a GPU; on a CPU "
                           "use bfloat16 (the default there)")
-    unknown = set(args) - {"dtype", "opt_level"}
+    unknown = set(args) - {"dtype", *APEX_AMP_ARGS}  # apex's: dropped, warned, when composed
     if unknown:
         raise ConfigError(f"unknown config.MODEL.AMP_PARAMS.AMP_ARGS keys {sorted(unknown)}; "
                           "known: dtype (bfloat16 | float16)")

@@ -17,8 +17,10 @@ class SwAVPrototypesHead(nn.Module):
     prototype sets ``prototypes0``, ``prototypes1``, ... of ``num_clusters[k]`` vectors.
 
     Returns ``[embedding, scores0, scores1, ...]`` (``return_embeddings``) or the scores alone;
-    the model passes them on as separate outputs.  The prototypes are kept on the unit sphere
-    by the loss's hook when ``LOSS.swav_loss.normalize_last_layer`` is on.
+    the model passes them on as separate outputs.  ``num_clusters: []`` builds no prototypes
+    (the projection alone, as VISSL's configs that extract or evaluate SwAV's embedding write).
+    The prototypes are kept on the unit sphere by the loss's hook when
+    ``LOSS.swav_loss.normalize_last_layer`` is on.
     """
 
     def __init__(
@@ -36,9 +38,12 @@ class SwAVPrototypesHead(nn.Module):
         num_clusters = [int(k) for k in num_clusters]
         if not dims:
             raise ValueError("swav_head needs dims [in, ..., embedding]")
-        if not num_clusters or min(num_clusters) < 1:
+        if num_clusters and min(num_clusters) < 1:
             raise ValueError(f"swav_head needs num_clusters >= 1 per prototype set, "
                              f"got {num_clusters}")
+        if not num_clusters and not return_embeddings:
+            raise ValueError("swav_head with num_clusters: [] outputs its embedding only: it "
+                             "needs return_embeddings: true")
         layers: List[nn.Module] = []
         for index in range(len(dims) - 1):
             layers.append(nn.Linear(dims[index], dims[index + 1], bias=use_bias))
