@@ -4,6 +4,7 @@ run; a tracker whose package is missing is refused before launch."""
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -12,6 +13,9 @@ from engine_utils import QUICK, metrics, run_engine
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.hooks import SSLHook, register_hook
+from ssl_engine.hooks.mlflow_hook import MlflowHook
+from ssl_engine.hooks.trackers import MetricsRows
+from ssl_engine.hooks.wandb_hook import WandbHook
 from ssl_engine.utils.distributed import is_primary
 
 TINY = ["config.OPTIMIZER.num_epochs=1", "config.HOOKS.EXTRA_HOOKS=[test_report_files]"]
@@ -48,13 +52,8 @@ def test_mlflow_logs_metrics_json_config_and_files_and_resumes_its_run(tmp_path,
 
     monkeypatch.chdir(tmp_path)  # the default store is ./mlruns of the launch directory
     run_dir = tmp_path / "run"
-    run_engine(run_dir, [*TINY, "config.HOOKS.MLFLOW.ENABLED=true"])
+    cfg = run_engine(run_dir, [*TINY, "config.HOOKS.MLFLOW.ENABLED=true"])
     run_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
-    # resumed with a second epoch: the same MLflow run goes on
-    run_engine(run_dir, [*TINY, "config.HOOKS.MLFLOW.ENABLED=true",
-                         "config.OPTIMIZER.num_epochs=2"])
-    assert (run_dir / "mlflow_run_id.txt").read_text().strip() == run_id
-
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
@@ -65,11 +64,11 @@ def test_mlflow_logs_metrics_json_config_and_files_and_resumes_its_run(tmp_path,
                                                   key=lambda m: (m.step, m.timestamp))]
 
     losses = series(rows, ("phase", "train"), "loss")
-    assert [step for step, _ in losses] == [2, 4, 6, 8]
+    assert [step for step, _ in losses] == [2, 4]
     assert same_series(history("train/loss"), losses)
     assert same_series(history("train/lr"), series(rows, ("phase", "train"), "lr"))
     phase_ends = series(rows, ("phase_end", "train"), "loss_avg")
-    assert len(phase_ends) == 2 and same_series(history("train_phase/loss_avg"), phase_ends)
+    assert len(phase_ends) == 1 and same_series(history("train_phase/loss_avg"), phase_ends)
     # the config: params with dotted keys (the first run's), and the composed YAML
     assert run.data.params["LOSS.name"] == "simclr_info_nce_loss"
     assert run.data.params["OPTIMIZER.num_epochs"] == "1"
@@ -80,6 +79,16 @@ def test_mlflow_logs_metrics_json_config_and_files_and_resumes_its_run(tmp_path,
     assert artifacts == {"config.yaml", "metrics.json", "report.png", "report.html"}
     kept = client.download_artifacts(run_id, "metrics.json", str(tmp_path / "dl"))
     assert Path(kept).read_text() == (run_dir / "metrics.json").read_text()
+    # a run resumed from a checkpoint continues the same MLflow run; a new one starts another
+    resumed = MlflowHook(cfg)
+    resumed.on_start(SimpleNamespace(resume_position=(1, 0)))
+    assert resumed.run_id == run_id and client.get_run(run_id).info.status == "RUNNING"
+    resumed.on_exception(SimpleNamespace(stopping=True))
+    assert client.get_run(run_id).info.status == "KILLED"
+    fresh = MlflowHook(cfg)
+    fresh.on_start(SimpleNamespace(resume_position=(0, 0)))
+    assert fresh.run_id != run_id
+    assert (run_dir / "mlflow_run_id.txt").read_text().strip() == fresh.run_id
 
 
 def wandb_records(path: Path) -> list:
@@ -116,7 +125,7 @@ def test_wandb_offline_logs_metrics_json_config_and_files(tmp_path, monkeypatch)
         monkeypatch.setenv(name, str(value))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     run_dir = tmp_path / "run"
-    run_engine(run_dir, [*TINY, "config.HOOKS.WANDB.ENABLED=true"])
+    cfg = run_engine(run_dir, [*TINY, "config.HOOKS.WANDB.ENABLED=true"])
     run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
     [offline] = (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
     records = wandb_records(offline / f"run-{run_id}.wandb")
@@ -133,11 +142,34 @@ def test_wandb_offline_logs_metrics_json_config_and_files(tmp_path, monkeypatch)
                         if "train_phase/loss_avg" in h],
                        series(rows, ("phase_end", "train"), "loss_avg"))
     config = {item.key: json.loads(item.value_json) for record in records
-              if record.HasField("config") for item in record.config.update}
+              for item in (record.run.config.update if record.HasField("run")
+                           else record.config.update if record.HasField("config") else [])}
     assert config["OPTIMIZER"]["num_epochs"] == 1 and config["LOSS"]["name"] == \
         "simclr_info_nce_loss"
     for name in ("report.png", "report.html", "metrics.json"):
         assert (offline / "files" / name).read_bytes() == (run_dir / name).read_bytes()
+    resumed = WandbHook(cfg)  # a run resumed from a checkpoint continues the same W&B run
+    resumed.on_start(SimpleNamespace(resume_position=(1, 0)))
+    assert resumed.run.id == run_id
+    resumed.on_end(SimpleNamespace())
+
+
+def test_metrics_rows_are_read_once_and_whole(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text('{"phase": "train", "iteration": 2, "loss": 1.5, "loss_terms": {"a": 1}}\n'
+                    '{"knn": {"top1": 50.0, "layer": "res5", "train_phase_idx": 0}}\n'
+                    '{"phase_end": "train", "iteration": 4, "loss_avg": 1.25, "meters": {}}\n'
+                    '{"phase": "train", "iter')
+    rows = MetricsRows(str(tmp_path))
+    assert rows.new_scalars() == [(2, {"train/loss": 1.5, "train/loss_terms/a": 1.0}),
+                                  (2, {"knn/top1": 50.0}), (4, {"train_phase/loss_avg": 1.25})]
+    assert rows.new_scalars() == []
+    with open(path, "a") as handle:  # the half-written line is read once it is whole
+        handle.write('ation": 6, "loss": 1.0, "lr": null}\n')
+    assert rows.new_scalars() == [(6, {"train/loss": 1.0})]
+    resumed = MetricsRows(str(tmp_path))
+    resumed.skip_existing()
+    assert resumed.new_scalars() == []
 
 
 @pytest.mark.parametrize("package, key", [("mlflow", "MLFLOW"), ("wandb", "WANDB")])
