@@ -187,9 +187,15 @@ def test_a_tracker_without_its_package_is_refused_before_launch(tmp_path, monkey
     check_before_launch(*load_config([QUICK, f"config.CHECKPOINT.DIR={tmp_path}"]))  # off: ok
 
 
-def test_an_unknown_wandb_mode_is_refused_before_launch(tmp_path):
-    engine_name, cfg = load_config([QUICK, f"config.CHECKPOINT.DIR={tmp_path}",
-                                    "config.HOOKS.WANDB.MODE=onlin"])
-    with pytest.raises(ConfigError, match=r"^config.HOOKS.WANDB.MODE='onlin' is not one of "
-                                          r"offline, online, disabled$"):
+@pytest.mark.parametrize("overrides, message", [
+    (["config.HOOKS.WANDB.MODE=onlin"],
+     r"^config.HOOKS.WANDB.MODE='onlin' is not one of offline, online, disabled$"),
+    (["config.HOOKS.MLFLOW.ENABLED=true", "config.HOOKS.MLFLOW.EXPERIMENT_NAME=''"],
+     r"^config.HOOKS.MLFLOW.EXPERIMENT_NAME is empty"),
+])
+def test_bad_tracker_settings_are_refused_before_launch(tmp_path, monkeypatch, overrides,
+                                                         message):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # the settings are checked first
+    engine_name, cfg = load_config([QUICK, f"config.CHECKPOINT.DIR={tmp_path}", *overrides])
+    with pytest.raises(ConfigError, match=message):
         check_before_launch(engine_name, cfg)

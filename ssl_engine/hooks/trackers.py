@@ -25,22 +25,27 @@ POSITION_KEYS = ("phase", "phase_end", "phase_type", "scope", "phase_idx", "trai
 WANDB_MODES = ("offline", "online", "disabled")
 
 
-def _install_hint(extra: str, package: str) -> str:
-    return f'pip install -e ".[{extra}]" (in a source checkout of ssl_engine) or pip install {package}'
+def install_command(package: str) -> str:
+    """How to install a tracker's package: the extra of the same name, or the package."""
+    return (f'pip install -e ".[{package}]" (in a source checkout of ssl_engine) or '
+            f"pip install {package}")
 
 
 def check_trackers(cfg) -> None:
-    """Refuse, before launch, a tracker switched on whose package is not installed, and a
-    W&B mode that is not one of WANDB_MODES. Called by engines/prelaunch.py."""
+    """Refuse, before launch, an empty MLflow experiment name, a W&B mode not in WANDB_MODES
+    and a tracker switched on whose package is not installed. Called by engines/prelaunch.py."""
     hooks = cfg.HOOKS
-    for key, package in (("MLFLOW", "mlflow"), ("WANDB", "wandb")):
-        if hooks[key].ENABLED and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"config.HOOKS.{key}.ENABLED=true needs the {package} package, "
-                              f"which is not installed: {_install_hint(package, package)}")
+    if hooks.MLFLOW.ENABLED and not hooks.MLFLOW.EXPERIMENT_NAME:
+        raise ConfigError("config.HOOKS.MLFLOW.EXPERIMENT_NAME is empty: name the MLflow "
+                          "experiment the run goes into")
     mode = hooks.WANDB.MODE
     if mode not in WANDB_MODES:
         raise ConfigError(f"config.HOOKS.WANDB.MODE={mode!r} is not one of "
                           f"{', '.join(WANDB_MODES)}")
+    for key, package in (("MLFLOW", "mlflow"), ("WANDB", "wandb")):
+        if hooks[key].ENABLED and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"config.HOOKS.{key}.ENABLED=true needs the {package} package, "
+                              f"which is not installed: {install_command(package)}")
 
 
 def _flatten(prefix: str, value, out: Dict[str, float]) -> None:
@@ -84,7 +89,7 @@ class MetricsRows:
     def new_rows(self) -> List[dict]:
         """The complete lines written since the last call, parsed (a line that is not a JSON
         object is skipped)."""
-        if not self.path.is_file():
+        if not self.path.is_file() or self.path.stat().st_size == self.offset:
             return []
         with open(self.path, "rb") as handle:
             handle.seek(self.offset)
