@@ -1,6 +1,7 @@
-"""The experiment trackers (HOOKS.MLFLOW, HOOKS.WANDB) in their local modes: a tiny run logs
-metrics.json's numbers, the config and the report files; a resumed run continues the tracker's
-run; a tracker whose package is missing is refused before launch."""
+"""The experiment trackers (HOOKS.MLFLOW, HOOKS.WANDB) in their local modes: one tiny run with
+both logs metrics.json's numbers, the config and the report files; a resumed run continues the
+tracker's run; a tracker whose package is missing is refused before launch."""
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -46,13 +47,34 @@ def same_series(got, expected) -> bool:
         [value for _, value in got] == pytest.approx([value for _, value in expected])
 
 
-def test_mlflow_logs_metrics_json_config_and_files_and_resumes_its_run(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    """One tiny run (4 iterations) with every tracker whose package is installed: (launch
+    directory, the run's config). W&B is kept offline and away from ~/.netrc."""
+    installed = [key for key, package in (("MLFLOW", "mlflow"), ("WANDB", "wandb"))
+                 if importlib.util.find_spec(package) is not None]
+    if not installed:
+        pytest.skip("neither mlflow nor wandb is installed")
+    root = tmp_path_factory.mktemp("trackers")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # the default MLflow store is ./mlruns of the launch directory
+        for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": root / "wandb_dir",
+                            "WANDB_CONFIG_DIR": root / "wandb_config",
+                            "WANDB_CACHE_DIR": root / "wandb_cache",
+                            "WANDB_DATA_DIR": root / "wandb_data", "WANDB_SILENT": "true",
+                            "NETRC": root / "no_netrc"}.items():
+            patch.setenv(name, str(value))
+        patch.delenv("WANDB_API_KEY", raising=False)
+        yield root, run_engine(root / "run", [*TINY, *(f"config.HOOKS.{key}.ENABLED=true"
+                                                     for key in installed)])
+
+
+def test_mlflow_logs_metrics_json_config_and_files_and_resumes_its_run(tracked_run):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.chdir(tmp_path)  # the default store is ./mlruns of the launch directory
+    tmp_path, cfg = tracked_run
     run_dir = tmp_path / "run"
-    cfg = run_engine(run_dir, [*TINY, "config.HOOKS.MLFLOW.ENABLED=true"])
     run_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     run = client.get_run(run_id)
@@ -115,17 +137,9 @@ def wandb_records(path: Path) -> list:
     return records
 
 
-def test_wandb_offline_logs_metrics_json_config_and_files(tmp_path, monkeypatch):
+def test_wandb_offline_logs_metrics_json_config_and_files(tracked_run):
     pytest.importorskip("wandb")
-    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": tmp_path / "wandb_dir",
-                        "WANDB_CONFIG_DIR": tmp_path / "wandb_config",
-                        "WANDB_CACHE_DIR": tmp_path / "wandb_cache",
-                        "WANDB_DATA_DIR": tmp_path / "wandb_data", "WANDB_SILENT": "true",
-                        "NETRC": tmp_path / "no_netrc"}.items():
-        monkeypatch.setenv(name, str(value))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    run_dir = tmp_path / "run"
-    cfg = run_engine(run_dir, [*TINY, "config.HOOKS.WANDB.ENABLED=true"])
+    run_dir, cfg = tracked_run[0] / "run", tracked_run[1]
     run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
     [offline] = (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
     records = wandb_records(offline / f"run-{run_id}.wandb")
