@@ -6,7 +6,7 @@ tracker shows the very numbers of the file and reduces nothing itself. Each row 
 of scalars (``tracker_scalars``): a step row's under its phase type (``train/loss``,
 ``train/loss_terms/<term>``, ``train/lr``, ``test/loss``...), a phase-end row's under
 ``<phase type>_phase/`` (``train_phase/loss_avg``, ``test_phase/meters/...``), any other row's
-under its own keys (``knn/top1``, ``feature_report/learned/knn/top1``...).
+under its own keys (``knn/top1``, ``feature_report/learned/knn_top1``...).
 
 The trackers' packages are optional (``pip install -e ".[mlflow]"``, ``".[wandb]"``);
 ``check_trackers`` refuses a config that switches on one whose package is missing, before
@@ -139,7 +139,9 @@ def flat_config(node, prefix: str = "") -> Dict[str, str]:
 def read_run_id(folder: str, tracker: str) -> Optional[str]:
     """The tracker's run id a run in ``folder`` was logged to (``<tracker>_run_id.txt``)."""
     path = Path(folder) / f"{tracker}_run_id.txt"
-    return path.read_text().strip() or None if path.is_file() else None
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None
 
 
 def write_run_id(folder: str, tracker: str, run_id: str) -> None:
