@@ -26,6 +26,13 @@ setup(
         # SLURM submission, requeue on preemption (config.SLURM): submitit's executors
         "submitit>=1.5",
     ],
-    # lightly: independent implementations of the SSL losses, the tests' oracle
-    extras_require={"dev": ["pytest", "lightly==1.6.0"]},
+    extras_require={
+        # lightly: independent implementations of the SSL losses, the tests' oracle;
+        # mlflow and wandb: the tests of the experiment trackers, in their local modes
+        "dev": ["pytest", "lightly==1.6.0", "mlflow>=2.10", "wandb>=0.16"],
+        # the experiment trackers, switched on with HOOKS.MLFLOW / HOOKS.WANDB; mlflow (not
+        # mlflow-skinny) brings SQLAlchemy for the default local store, mlruns/mlflow.db
+        "mlflow": ["mlflow>=2.10"],
+        "wandb": ["wandb>=0.16"],
+    },
 )

@@ -24,9 +24,11 @@ The config alone, no files (``check_config_before_launch``):
 This machine and the engine (``check_before_launch``):
 11. the processes this machine starts fit it, unless torchrun or SLURM starts them
     (config/derive.py, ``check_processes_fit``);
-12. no other live run holds CHECKPOINT.DIR, checked by the process that will lock it
+12. the packages of the experiment trackers the config switches on (HOOKS.MLFLOW,
+    HOOKS.WANDB) are installed, and W&B's mode is known (hooks/trackers.py);
+13. no other live run holds CHECKPOINT.DIR, checked by the process that will lock it
     (utils/run_lock.py);
-13. the engine's own ``check_before_launch``: for ``train``, ``check_train_config``
+14. the engine's own ``check_before_launch``: for ``train``, ``check_train_config``
     (engines/train.py: hooks, AMP, heads, the data paths of data/paths.py, the checkpoint
     folder, the file the run starts from); for the extraction engines, engines/extract_*.py.
 """
@@ -38,6 +40,7 @@ from ssl_engine.config.derive import check_processes_fit
 from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.engines.registered_names import check_registered_names
 from ssl_engine.engines.registry import get_engine
+from ssl_engine.hooks.trackers import check_trackers
 from ssl_engine.models.base_ssl_model import check_model_config
 from ssl_engine.models.fsdp_names import warn_fsdp_names_without_fsdp_task
 from ssl_engine.models.trunks import check_trunk_config
@@ -76,11 +79,12 @@ def check_config_before_launch(engine_name: str, cfg: AttrDict) -> None:
 
 
 def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
-    """Steps 5 to 13: everything that can be refused about a composed config before a process
+    """Steps 5 to 14: everything that can be refused about a composed config before a process
     starts."""
     check_config_before_launch(engine_name, cfg)
     if not started_by_torchrun() and not cfg.SLURM.USE_SLURM:  # else started elsewhere
         check_processes_fit(cfg)
+    check_trackers(cfg)
     engine = get_engine(engine_name)
     if holds_run_lock(cfg):
         check_unlocked(cfg.CHECKPOINT.DIR)
@@ -90,7 +94,7 @@ def check_before_launch(engine_name: str, cfg: AttrDict) -> None:
 
 
 def load_checked_config(argv: Sequence[str]) -> Tuple[str, AttrDict]:
-    """Steps 1 to 13 for the command line ``argv``: (engine_name, the checked config)."""
+    """Steps 1 to 14 for the command line ``argv``: (engine_name, the checked config)."""
     import_plugins()
     engine_name, cfg = load_config(list(argv))
     check_before_launch(engine_name, cfg)

@@ -9,7 +9,9 @@ from ssl_engine.hooks import (CheckpointHook, CollapseMonitorHook, EmaModelHook,
                               FeatureReportHook, FrozenParamsHook, GpuStatsHook, KnnEvalHook,
                               LogLossLrEtaHook, MemorySummaryHook, ModelComplexityHook,
                               PerfStatsHook, SSLHook, TensorboardHook)
+from ssl_engine.hooks.mlflow_hook import MlflowHook
 from ssl_engine.hooks.registry import HOOK_REGISTRY
+from ssl_engine.hooks.wandb_hook import WandbHook
 from ssl_engine.losses import loss_class
 from ssl_engine.models.ema import ema_model_enabled
 
@@ -21,7 +23,7 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     parameters when asked, the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
     weights (HOOKS.EMA_MODEL), the memory summary (HOOKS.MEMORY_SUMMARY) and the GPU report
     (HOOKS.LOG_GPU_STATS), then the loss's own,
-    then the registered hooks named in HOOKS.EXTRA_HOOKS."""
+    then the registered hooks named in HOOKS.EXTRA_HOOKS, then the experiment trackers."""
     hooks: List[SSLHook] = []
     perf = cfg.HOOKS.PERF_STATS
     if perf.MONITOR_PERF_STATS or perf.ROLLING_BTIME_FREQ > 0:  # first: it times the others
@@ -56,7 +58,7 @@ def default_hook_generator(cfg) -> List[SSLHook]:
                                        memory.DUMP_MEMORY_ON_EXCEPTION))
     if cfg.HOOKS.LOG_GPU_STATS:
         hooks.append(GpuStatsHook())
-    return hooks + loss_hooks(cfg) + extra_hooks(cfg)
+    return hooks + loss_hooks(cfg) + extra_hooks(cfg) + tracker_hooks(cfg)
 
 
 def extra_hooks(cfg) -> List[SSLHook]:
@@ -78,3 +80,10 @@ def loss_hooks(cfg) -> List[SSLHook]:
     """The hooks the loss of ``cfg.LOSS.name`` works with (its ``build_hooks``), e.g. the one
     that runs and updates a momentum target network."""
     return list(loss_class(cfg.LOSS.name).build_hooks())
+
+
+def tracker_hooks(cfg) -> List[SSLHook]:
+    """The experiment trackers switched on (HOOKS.MLFLOW, HOOKS.WANDB): last, so that they log
+    what every other hook has written to metrics.json and the run folder."""
+    return [hook(cfg) for key, hook in (("MLFLOW", MlflowHook), ("WANDB", WandbHook))
+            if cfg.HOOKS[key].ENABLED]

@@ -1,0 +1,159 @@
+"""What the experiment-tracker hooks (HOOKS.MLFLOW, HOOKS.WANDB) share.
+
+A tracker logs what the progress log writes: the rows the log hook (and the k-NN, feature
+report and step-timing hooks) append to metrics.json, read back as they are appended, so a
+tracker shows the very numbers of the file and reduces nothing itself. Each row becomes a dict
+of scalars (``tracker_scalars``): a step row's under its phase type (``train/loss``,
+``train/loss_terms/<term>``, ``train/lr``, ``test/loss``...), a phase-end row's under
+``<phase type>_phase/`` (``train_phase/loss_avg``, ``test_phase/meters/...``), any other row's
+under its own keys (``knn/top1``, ``feature_report/learned/knn_top1``...).
+
+The trackers' packages are optional (``pip install -e ".[mlflow]"``, ``".[wandb]"``);
+``check_trackers`` refuses a config that switches on one whose package is missing, before
+launch (engines/prelaunch.py).
+"""
+import importlib.util
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ssl_engine.utils.errors import ConfigError
+
+# Row keys that place a row (its step, its phase), not values to plot.
+POSITION_KEYS = ("phase", "phase_end", "phase_type", "scope", "phase_idx", "train_phase_idx",
+                 "iteration", "iteration_in_phase")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def install_command(package: str) -> str:
+    """How to install a tracker's package: the extra of the same name, or the package."""
+    return (f'pip install -e ".[{package}]" (in a source checkout of ssl_engine) or '
+            f"pip install {package}")
+
+
+def check_trackers(cfg) -> None:
+    """Refuse, before launch, an empty MLflow experiment name, a W&B mode not in WANDB_MODES
+    and a tracker switched on whose package is not installed. Called by engines/prelaunch.py."""
+    hooks = cfg.HOOKS
+    if hooks.MLFLOW.ENABLED and not hooks.MLFLOW.EXPERIMENT_NAME:
+        raise ConfigError("config.HOOKS.MLFLOW.EXPERIMENT_NAME is empty: name the MLflow "
+                          "experiment the run goes into")
+    mode = hooks.WANDB.MODE
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"config.HOOKS.WANDB.MODE={mode!r} is not one of "
+                          f"{', '.join(WANDB_MODES)}")
+    for key, package in (("MLFLOW", "mlflow"), ("WANDB", "wandb")):
+        if hooks[key].ENABLED and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"config.HOOKS.{key}.ENABLED=true needs the {package} package, "
+                              f"which is not installed: {install_command(package)}")
+
+
+def _flatten(prefix: str, value, out: Dict[str, float]) -> None:
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            if key not in POSITION_KEYS:
+                _flatten(f"{prefix}/{key}" if prefix else str(key), sub, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and prefix:
+        out[prefix] = float(value)
+
+
+def tracker_scalars(row: dict) -> Dict[str, float]:
+    """The scalars of one metrics.json row under the names the trackers give them (see the
+    module's docstring); strings, lists, None and the row's position keys are left out."""
+    if "phase" in row:
+        prefix = str(row["phase"])
+    elif "phase_end" in row:
+        prefix = f"{row['phase_end']}_phase"
+    elif "scope" in row and "phase_type" in row:  # the step timings of a phase or the run
+        prefix = f"{row['phase_type']}_{row['scope']}"
+    else:
+        prefix = ""
+    out: Dict[str, float] = {}
+    _flatten(prefix, row, out)
+    return out
+
+
+class MetricsRows:
+    """The rows appended to ``<folder>/metrics.json`` since the last read, for rank 0's
+    trackers, from the first row; ``skip_existing`` when a tracker run is continued: the rows
+    already there were logged by the run that wrote them."""
+
+    def __init__(self, folder: str):
+        self.path = Path(folder) / "metrics.json"
+        self.offset = 0
+        self.step = 0  # the iteration of the last row that had one
+
+    def skip_existing(self) -> None:
+        self.offset = self.path.stat().st_size if self.path.is_file() else 0
+
+    def new_rows(self) -> List[dict]:
+        """The complete lines written since the last call, parsed (a line that is not a JSON
+        object is skipped)."""
+        if not self.path.is_file() or self.path.stat().st_size == self.offset:
+            return []
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        rows = []
+        for line in complete.decode().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    def new_scalars(self) -> List[tuple]:
+        """(step, scalars) of every new row; a row without an iteration (the k-NN's) takes
+        that of the row before it."""
+        out = []
+        for row in self.new_rows():
+            if isinstance(row.get("iteration"), int):
+                self.step = row["iteration"]
+            scalars = tracker_scalars(row)
+            if scalars:
+                out.append((self.step, scalars))
+        return out
+
+
+def report_files(folder: str) -> List[Path]:
+    """The files of the run folder a tracker keeps at the end: the run report (report.png,
+    report.html) where written, and metrics.json."""
+    names = ("report.png", "report.html", "metrics.json")
+    return [Path(folder) / name for name in names if (Path(folder) / name).is_file()]
+
+
+def flat_config(node, prefix: str = "") -> Dict[str, str]:
+    """{dotted key: value as text} of every leaf of a config (lists are leaves)."""
+    if isinstance(node, dict) and node:
+        out: Dict[str, str] = {}
+        for key, value in node.items():
+            out.update(flat_config(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: json.dumps(node) if not isinstance(node, str) else node}
+
+
+def read_run_id(folder: str, tracker: str) -> Optional[str]:
+    """The tracker's run id a run in ``folder`` was logged to (``<tracker>_run_id.txt``)."""
+    path = Path(folder) / f"{tracker}_run_id.txt"
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None
+
+
+def write_run_id(folder: str, tracker: str, run_id: str) -> None:
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{tracker}_run_id.txt").write_text(run_id + "\n")
+
+
+def resumes(task) -> bool:
+    """Whether the run continues from a checkpoint (then its tracker run is continued)."""
+    return tuple(task.resume_position) != (0, 0)
+
+
+def run_name(name: str, folder: str) -> str:
+    """The run's name in a tracker: ``name``, or the name of the run folder when empty."""
+    return name or Path(folder).name
