@@ -23,7 +23,8 @@ def save_config(cfg, folder) -> Path:
 class RunReportHook(SSLHook):
     """On ``on_start`` rank 0 saves the composed config; on ``on_end`` it writes the report:
     the curves of metrics.json and, when the config has a TEST split, the 2-D map of at most
-    MAX_SAMPLES of its images' features at trunk stage LAYER beside their raw pixels'. No
+    MAX_SAMPLES of its images' features at trunk stage LAYER (FEATURE_REPORT.LAYER when
+    empty) beside their raw pixels'. No
     collective: the other ranks do nothing."""
 
     def __init__(self, cfg):
@@ -34,7 +35,7 @@ class RunReportHook(SSLHook):
                               f"got {settings.MAX_SAMPLES}")
         self.cfg = cfg
         self.max_samples = int(settings.MAX_SAMPLES)
-        self.layer = settings.LAYER
+        self.layer = settings.LAYER or cfg.HOOKS.FEATURE_REPORT.LAYER
 
     def on_start(self, task) -> None:
         if is_primary():
@@ -48,7 +49,8 @@ class RunReportHook(SSLHook):
             try:
                 points = feature_map(self.cfg, task.base_model, self.layer, task.device,
                                      self.max_samples)
-            except (RuntimeError, ValueError, KeyError) as error:  # the curves still matter
+            # a trunk without LAYER, data that cannot be read: the curves are still drawn
+            except (RuntimeError, ValueError, KeyError, IndexError, AssertionError) as error:
                 logger.warning("run report: no feature map (%s: %s)", type(error).__name__,
                                error)
         png, html = write_report(task.checkpoint_folder, points)

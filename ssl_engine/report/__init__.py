@@ -7,10 +7,9 @@ import io
 from pathlib import Path
 from typing import Optional, Tuple
 
-import matplotlib.pyplot as plt
-
+from ssl_engine.report.compare import comparison_figure, comparison_table
 from ssl_engine.report.feature_map import MapPoints, feature_map, has_test_split
-from ssl_engine.report.figure import report_figure
+from ssl_engine.report.figure import pyplot, report_figure
 from ssl_engine.report.html import write_html
 from ssl_engine.report.run_folder import CONFIG_NAME, RunFolder, read_run_folder
 
@@ -21,8 +20,15 @@ DPI = 90
 def figure_png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
-    plt.close(fig)
+    pyplot().close(fig)
     return buffer.getvalue()
+
+
+def save_figure(fig, path) -> Path:
+    """``fig`` as a PNG at ``path`` (then closed)."""
+    path = Path(path)
+    path.write_bytes(figure_png(fig))
+    return path
 
 
 def write_report(folder, points: Optional[MapPoints] = None) -> Tuple[Path, Path]:
@@ -36,5 +42,6 @@ def write_report(folder, points: Optional[MapPoints] = None) -> Tuple[Path, Path
     return png_path, html_path
 
 
-__all__ = ["CONFIG_NAME", "HTML_NAME", "PNG_NAME", "MapPoints", "RunFolder", "feature_map",
-           "has_test_split", "read_run_folder", "report_figure", "write_report"]
+__all__ = ["CONFIG_NAME", "HTML_NAME", "PNG_NAME", "MapPoints", "RunFolder",
+           "comparison_figure", "comparison_table", "feature_map", "has_test_split",
+           "read_run_folder", "report_figure", "save_figure", "write_report"]

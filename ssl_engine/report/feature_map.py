@@ -14,6 +14,7 @@ from ssl_engine.evaluation.labelled_features import (FirstView, eval_data_config
                                                      evaluation_mode)
 
 BATCH = 256
+PCA_DIMS = 50
 
 
 class MapPoints(NamedTuple):
@@ -69,7 +70,11 @@ def embed_2d(features: np.ndarray, seed: int = 0) -> np.ndarray:
     if umap_available():
         import umap  # inside: optional, found only where umap-learn is installed
         return umap.UMAP(n_components=2, random_state=seed).fit_transform(features)
-    from sklearn.manifold import TSNE  # inside: scikit-learn's manifold module is slow to load
+    # inside: scikit-learn's manifold module takes seconds to load, only a map needs it
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+    if min(features.shape) > PCA_DIMS:  # the usual first step: t-SNE's neighbours on 50 axes
+        features = PCA(PCA_DIMS, random_state=seed).fit_transform(features)
     perplexity = float(min(30.0, (len(features) - 1) / 3))
     return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
                 max_iter=500).fit_transform(features)

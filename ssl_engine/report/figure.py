@@ -3,21 +3,25 @@ evaluations and, when given, the 2-D map of its features. Each panel draws what 
 holds and says "no data" where it holds nothing."""
 from typing import Dict, List, Optional, Sequence
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # headless: no display; set before pyplot is imported
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler  # noqa: E402
-from ssl_engine.report.feature_map import MapPoints  # noqa: E402
-from ssl_engine.report.run_folder import RunFolder  # noqa: E402
+from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
+from ssl_engine.report.feature_map import MapPoints
+from ssl_engine.report.run_folder import RunFolder
 
 CURVE_TITLES = ("Loss", "Learning rate and weight decay", "Throughput", "Collapse monitor",
                 "Accuracy per epoch", "Feature report")
 ROW_NAMES = {"learned": "learned", "random_init": "random init", "raw_pixels": "raw pixels"}
 RAW_ALPHA = 0.25
+
+
+def pyplot():
+    """matplotlib's pyplot on the headless Agg backend."""
+    # inside: 0.3 s to import, paid only by a process that draws (the hooks import this module)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def smooth(values: Sequence[float], window: Optional[int] = None) -> np.ndarray:
@@ -154,7 +158,7 @@ def accuracy_panel(ax, run: RunFolder) -> None:
         ax.plot([e + 1 for e in epochs], [values[e] for e in epochs], marker="o",
                 color=f"C{index}", label=label)
     ax.set_xlabel("epoch")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.locator_params(axis="x", integer=True)
     ax.set_ylabel("top-1 accuracy (%)")
     ax.legend(fontsize=8, loc="lower right")
 
@@ -195,7 +199,7 @@ def map_panel(ax, points: np.ndarray, labels: Optional[np.ndarray], title: str) 
         ax.scatter(points[:, 0], points[:, 1], s=10, color="C0")
     else:
         classes = np.unique(labels)
-        cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
+        cmap = pyplot().get_cmap("tab10" if len(classes) <= 10 else "tab20")
         for index, label in enumerate(classes):
             chosen = labels == label
             ax.scatter(points[chosen, 0], points[chosen, 1], s=10, color=cmap(index % cmap.N),
@@ -212,7 +216,7 @@ def map_panel(ax, points: np.ndarray, labels: Optional[np.ndarray], title: str) 
 def report_figure(run: RunFolder, feature_map: Optional[MapPoints] = None):
     """The report's figure: six panels of curves and evaluations, then the map when given."""
     rows = 3 if feature_map is not None else 2
-    fig = plt.figure(figsize=(17, 4.6 * rows), layout="constrained")
+    fig = pyplot().figure(figsize=(17, 4.6 * rows), layout="constrained")
     fig.suptitle(f"Run report: {run.name} ({run.method()}, {run.epochs_done()} epochs done)",
                  fontsize=14)
     grid = fig.add_gridspec(rows, 6)
@@ -220,7 +224,7 @@ def report_figure(run: RunFolder, feature_map: Optional[MapPoints] = None):
               feature_report_panel)
     for index, panel in enumerate(panels):
         ax = fig.add_subplot(grid[index // 3, (index % 3) * 2:(index % 3) * 2 + 2])
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.locator_params(axis="x", integer=True)
         panel(ax, run)
     if feature_map is not None:
         n = len(next(iter(feature_map.points.values())))

@@ -36,7 +36,7 @@ def summary_rows(run: RunFolder) -> List[List[str]]:
     rows = [["run", run.name], ["method (LOSS.name)", run.method()],
             ["epochs done", str(run.epochs_done())],
             ["iterations", str(steps[-1]["iteration"]) if steps else "-"],
-            ["wall time of the phases", f"{wall:.1f} s" if wall is not None else "-"],
+            ["wall time of the phases", "-" if wall is None else f"{wall:.1f} s"],
             ["last logged loss", f"{steps[-1]['loss']:.4f}"
              if steps and isinstance(steps[-1].get("loss"), (int, float)) else "-"]]
     knn = run.knn_per_epoch()
