@@ -15,6 +15,7 @@ from ssl_engine.evaluation.labelled_features import (FirstView, eval_data_config
 
 BATCH = 256
 PCA_DIMS = 50
+EXACT_TSNE_MAX = 800
 
 
 class MapPoints(NamedTuple):
@@ -76,8 +77,10 @@ def embed_2d(features: np.ndarray, seed: int = 0) -> np.ndarray:
     if min(features.shape) > PCA_DIMS:  # the usual first step: t-SNE's neighbours on 50 axes
         features = PCA(PCA_DIMS, random_state=seed).fit_transform(features)
     perplexity = float(min(30.0, (len(features) - 1) / 3))
+    small = len(features) <= EXACT_TSNE_MAX  # exact gradients: faster than Barnes-Hut there
     return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
-                max_iter=500).fit_transform(features)
+                method="exact" if small else "barnes_hut",
+                max_iter=250 if len(features) < 100 else 500).fit_transform(features)
 
 
 def feature_map(cfg, model, layer: str, device: torch.device, max_samples: int) -> MapPoints:
