@@ -22,7 +22,8 @@ def save_config(cfg, folder) -> Path:
 
 class RunReportHook(SSLHook):
     """On ``on_start`` rank 0 saves the composed config; on ``on_end`` it writes the report:
-    the curves of metrics.json and, when the config has a TEST split, the 2-D map of at most
+    the curves of metrics.json and, when the config has a TEST split and the trunk trains
+    (not MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON), the 2-D map of at most
     MAX_SAMPLES of its images' features at trunk stage LAYER (FEATURE_REPORT.LAYER when
     empty) beside their raw pixels'. No
     collective: the other ranks do nothing."""
@@ -45,7 +46,8 @@ class RunReportHook(SSLHook):
         if not is_primary():
             return
         points = None
-        if self.max_samples and has_test_split(self.cfg):
+        frozen_trunk = self.cfg.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON  # nothing new to map
+        if self.max_samples and has_test_split(self.cfg) and not frozen_trunk:
             try:
                 points = feature_map(self.cfg, task.base_model, self.layer, task.device,
                                      self.max_samples)
