@@ -25,7 +25,11 @@ setup(
         "timm>=1.0.31,<2",
         # SLURM submission, requeue on preemption (config.SLURM): submitit's executors
         "submitit>=1.5",
+        # the run report's pictures (HOOKS.RUN_REPORT, tools/report.py, tools/compare_runs.py),
+        # drawn headless on the Agg backend
+        "matplotlib",
     ],
     # lightly: independent implementations of the SSL losses, the tests' oracle
-    extras_require={"dev": ["pytest", "lightly==1.6.0"]},
+    # umap: the run report's 2-D map by UMAP instead of scikit-learn's t-SNE
+    extras_require={"dev": ["pytest", "lightly==1.6.0"], "umap": ["umap-learn"]},
 )

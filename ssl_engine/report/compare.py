@@ -3,6 +3,8 @@ loss, k-NN, low-shot, online probe) and one figure of their curves overlaid. Cal
 tools/compare_runs.py and benchmarks/methods_digits.py."""
 from typing import List, Optional, Sequence
 
+import numpy as np
+
 from ssl_engine.report.figure import no_data, pyplot, smooth
 from ssl_engine.report.run_folder import RunFolder
 
@@ -48,39 +50,81 @@ def comparison_table(runs: Sequence[RunFolder]) -> str:
                      for row in rows)
 
 
-def comparison_figure(runs: Sequence[RunFolder]):
-    """Loss over iterations and accuracy per epoch (k-NN, online probe) of every run, one
-    colour per run."""
-    fig, (loss_ax, acc_ax) = pyplot().subplots(1, 2, figsize=(14, 5), layout="constrained")
-    fig.suptitle(f"{len(runs)} runs compared", fontsize=13)
-    loss_ax.set_title("Training loss (smoothed)")
-    acc_ax.set_title("Accuracy per epoch")
-    drawn_loss = drawn_acc = False
+def _loss_panel(ax, runs: Sequence[RunFolder]) -> None:
+    ax.set_title("Training loss (smoothed)")
+    drawn = False
     for index, run in enumerate(runs):
-        color, label = f"C{index % 10}", f"{run.name} ({run.method()})"
         loss = run.series("loss")
         if loss["x"]:
-            loss_ax.plot(loss["x"], smooth(loss["y"]), color=color, label=label)
-            drawn_loss = True
-        curves = [("k-NN", "-", run.knn_per_epoch())]
-        curves += [("probe", "--", values) for values in run.probe_per_epoch().values()]
-        for kind, style, values in curves:
+            ax.plot(loss["x"], smooth(loss["y"]), color=f"C{index % 10}",
+                    label=f"{run.name} ({run.method()})")
+            drawn = True
+    if not drawn:
+        return no_data(ax)
+    ax.set_xlabel("iteration (optimizer updates)")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+
+
+def _epoch_curves(run: RunFolder):
+    return ([("k-NN", "-", run.knn_per_epoch())] +
+            [("probe", "--", values) for values in run.probe_per_epoch().values()])
+
+
+def _accuracy_panel(ax, runs: Sequence[RunFolder]) -> None:
+    ax.set_title("Accuracy per epoch")
+    for index, run in enumerate(runs):
+        for kind, style, values in _epoch_curves(run):
             if values:
                 epochs = sorted(values)
-                acc_ax.plot([e + 1 for e in epochs], [values[e] for e in epochs], style,
-                            marker="o", color=color, label=f"{label}: {kind}")
-                drawn_acc = True
-    if drawn_loss:
-        loss_ax.set_xlabel("iteration (optimizer updates)")
-        loss_ax.set_ylabel("loss")
-        loss_ax.legend(fontsize=8)
-    else:
-        no_data(loss_ax)
-    if drawn_acc:
-        acc_ax.set_xlabel("epoch")
-        acc_ax.set_ylabel("top-1 accuracy (%)")
-        acc_ax.locator_params(axis="x", integer=True)
-        acc_ax.legend(fontsize=8)
-    else:
-        no_data(acc_ax, "no data\n(no online k-NN or probe in these runs)")
+                ax.plot([e + 1 for e in epochs], [values[e] for e in epochs], style,
+                        marker="o", color=f"C{index % 10}", label=f"{run.name}: {kind}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.locator_params(axis="x", integer=True)
+    ax.legend(fontsize=8)
+
+
+REPORT_BARS = (("k-NN top-1", lambda entry: entry.get("knn_top1")),
+               ("1-shot", lambda entry: (entry.get("low_shot") or {}).get("1", {}).get("mean")),
+               ("5-shot", lambda entry: (entry.get("low_shot") or {}).get("5", {}).get("mean")))
+
+
+def _feature_report_panel(ax, runs: Sequence[RunFolder]) -> None:
+    """Grouped bars: the learned features' k-NN, 1-shot and 5-shot accuracy per run; the raw
+    pixels' (of the first run with a report) as dashed lines."""
+    ax.set_title("Feature report: learned features (dashed: raw pixels)")
+    reported = [(run, run.feature_report()) for run in runs if run.feature_report()]
+    width = 0.8 / len(REPORT_BARS)
+    positions = np.arange(len(reported))
+    for index, (label, value) in enumerate(REPORT_BARS):
+        heights = [value(report.get("learned") or {}) or 0.0 for _, report in reported]
+        bars = ax.bar(positions + (index - 1) * width, heights, width, color=f"C{index}",
+                      label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
+        raw = value(reported[0][1].get("raw_pixels") or {})
+        if raw is not None:
+            ax.axhline(raw, color=f"C{index}", linestyle="--", linewidth=1)
+    crowded = len(reported) > 4
+    ax.set_xticks(positions, [run.name for run, _ in reported], rotation=30 if crowded else 0,
+                  ha="right" if crowded else "center")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 118)  # room above 100 % for the legend
+    ax.set_yticks(range(0, 101, 20))
+    ax.legend(fontsize=8, loc="upper center", ncols=len(REPORT_BARS))
+
+
+def comparison_figure(runs: Sequence[RunFolder]):
+    """The runs' curves overlaid, one colour per run: the training loss, the accuracy per epoch
+    (online k-NN, probe) when a run has it, the feature report's bars when a run has one."""
+    panels = [_loss_panel]
+    if any(values for run in runs for _, _, values in _epoch_curves(run)):
+        panels.append(_accuracy_panel)
+    if any(run.feature_report() for run in runs):
+        panels.append(_feature_report_panel)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(7 * len(panels), 5.2),
+                                  layout="constrained", squeeze=False)
+    fig.suptitle(f"{len(runs)} runs compared", fontsize=13)
+    for panel, ax in zip(panels, axes[0]):
+        panel(ax, runs)
     return fig
