@@ -81,7 +81,8 @@ def weight_decay_curve(run: RunFolder, iterations: List[int]) -> Optional[List[f
     if not per_epoch or not epochs:
         return None
     total = per_epoch * int(epochs)
-    return [float(schedule(min(i / total, 1.0 - 1e-9))) for i in iterations]
+    # row i is logged after update i, made at where = (i - 1) / total
+    return [float(schedule(min(max(i - 1, 0) / total, 1.0 - 1e-9))) for i in iterations]
 
 
 def lr_panel(ax, run: RunFolder) -> None:
