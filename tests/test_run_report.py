@@ -10,10 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine_utils import metrics, run_engine
+from engine_utils import QUICK, metrics, run_engine
+from ssl_engine.config import ConfigError, load_config
+from ssl_engine.engines.prelaunch import check_before_launch
+from ssl_engine.hooks import RunReportHook
 from ssl_engine.report import read_run_folder, report_figure
 from ssl_engine.report.feature_map import sample_indices
 from ssl_engine.report.figure import CURVE_TITLES, pyplot, smooth
+from ssl_engine.trainer.default_hooks import default_hook_generator
 from test_eval_hooks import HOOKS_ON, WITH_TEST_SPLIT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,3 +168,14 @@ def test_report_page_renders_in_a_headless_browser(run, tmp_path):
     image = pyplot().imread(str(shot))
     assert image.shape[:2] == (1600, 1200)
     assert image[..., :3].std() > 0.05  # the page drew something, not a blank screen
+
+
+def test_the_config_switches_the_report_and_refuses_a_bad_sample_count():
+    _, cfg = load_config([QUICK])  # the test configs switch it off
+    assert not any(isinstance(hook, RunReportHook) for hook in default_hook_generator(cfg))
+    _, cfg = load_config([QUICK, "config.HOOKS.RUN_REPORT.ENABLED=true"])
+    assert [type(hook) for hook in default_hook_generator(cfg)].count(RunReportHook) == 1
+    _, cfg = load_config([QUICK, "config.HOOKS.RUN_REPORT.ENABLED=true",
+                          "config.HOOKS.RUN_REPORT.MAX_SAMPLES=-1"])
+    with pytest.raises(ConfigError, match=r"config\.HOOKS\.RUN_REPORT\.MAX_SAMPLES"):
+        check_before_launch("train", cfg)
