@@ -141,7 +141,7 @@ def monitor_panel(ax, run: RunFolder) -> None:
         series = run.series(key, "monitor")
         handles += target.plot(series["x"], series["y"], color=f"C{index + 4}", label=key)
     if other:
-        target.set_ylabel("entropy (nats)")
+        target.set_ylabel("entropy (fraction of log K)")
     ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")
 
 
@@ -218,7 +218,8 @@ def report_figure(run: RunFolder, feature_map: Optional[MapPoints] = None):
     """The report's figure: six panels of curves and evaluations, then the map when given."""
     rows = 3 if feature_map is not None else 2
     fig = pyplot().figure(figsize=(17, 4.6 * rows), layout="constrained")
-    fig.suptitle(f"Run report: {run.name} ({run.method()}, {run.epochs_done()} epochs done)",
+    method = run.method() if run.config else "no config found"
+    fig.suptitle(f"Run report: {run.name} ({method}, {run.epochs_done()} epochs done)",
                  fontsize=14)
     grid = fig.add_gridspec(rows, 6)
     panels = (loss_panel, lr_panel, throughput_panel, monitor_panel, accuracy_panel,
