@@ -7,6 +7,7 @@ import yaml
 
 from ssl_engine.config import ConfigError
 from ssl_engine.hooks.base import SSLHook
+from ssl_engine.models.fsdp_names import FSDP_TASK
 from ssl_engine.report import CONFIG_NAME, feature_map, has_test_split, write_report
 from ssl_engine.utils.distributed import is_primary
 
@@ -22,11 +23,10 @@ def save_config(cfg, folder) -> Path:
 
 class RunReportHook(SSLHook):
     """On ``on_start`` rank 0 saves the composed config; on ``on_end`` it writes the report:
-    the curves of metrics.json and, when the config has a TEST split and the trunk trains
-    (not MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON), the 2-D map of at most
-    MAX_SAMPLES of its images' features at trunk stage LAYER (FEATURE_REPORT.LAYER when
-    empty) beside their raw pixels'. No
-    collective: the other ranks do nothing."""
+    the curves of metrics.json and, where the config has a TEST split and the trunk trains
+    unsharded (not MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON, not the FSDP task), the 2-D map
+    of at most MAX_SAMPLES of its images' features at trunk stage LAYER (FEATURE_REPORT.LAYER
+    when empty) beside their raw pixels'. No collective: the other ranks do nothing."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -47,7 +47,9 @@ class RunReportHook(SSLHook):
             return
         points = None
         frozen_trunk = self.cfg.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON  # nothing new to map
-        if self.max_samples and has_test_split(self.cfg) and not frozen_trunk:
+        # a sharded trunk's forward is a collective: rank 0 alone cannot run it
+        sharded = self.cfg.TRAINER.TASK_NAME == FSDP_TASK
+        if self.max_samples and has_test_split(self.cfg) and not frozen_trunk and not sharded:
             try:
                 points = feature_map(self.cfg, task.base_model, self.layer, task.device,
                                      self.max_samples)
