@@ -25,6 +25,9 @@ setup(
         "timm>=1.0.31,<2",
         # SLURM submission, requeue on preemption (config.SLURM): submitit's executors
         "submitit>=1.5",
+        # the run report's pictures (HOOKS.RUN_REPORT, tools/report.py, tools/compare_runs.py),
+        # drawn headless on the Agg backend
+        "matplotlib",
     ],
     extras_require={
         # lightly: independent implementations of the SSL losses, the tests' oracle;
@@ -34,5 +37,7 @@ setup(
         # mlflow-skinny) brings SQLAlchemy for the default local store, mlruns/mlflow.db
         "mlflow": ["mlflow>=2.10"],
         "wandb": ["wandb>=0.16"],
+        # the run report's 2-D map by UMAP instead of scikit-learn's t-SNE
+        "umap": ["umap-learn"],
     },
 )

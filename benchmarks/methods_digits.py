@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ssl_engine.config import load_config
+from ssl_engine.report import comparison_figure, comparison_table, read_run_folder, save_figure
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav",
@@ -52,6 +53,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--out", default=None, help="folder for the runs (default: a temp dir)")
+    parser.add_argument("--figure", default=None,
+                        help="the runs side by side as a PNG (default: OUT/methods_digits.png)")
     parser.add_argument("overrides", nargs="*", help="config.A.B=v applied to every recipe")
     args = parser.parse_args(argv)
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="methods_digits_"))
@@ -89,6 +92,10 @@ def main(argv=None) -> int:
     print(f"{'random init':<14}{rand['knn_top1']:9.2f}  {rand['low_shot']['1']['mean']:6.2f} ± "
           f"{rand['low_shot']['1']['std']:4.2f}  {rand['low_shot']['5']['mean']:6.2f} ± "
           f"{rand['low_shot']['5']['std']:4.2f}")
+    runs = [read_run_folder(out_dir / r["method"]) for r in done]
+    figure = save_figure(comparison_figure(runs), args.figure or out_dir / "methods_digits.png")
+    table = "\n".join("  " + line for line in comparison_table(runs).splitlines())
+    print(f"\nruns side by side (tools/compare_runs.py):\n{table}\npicture: {figure}")
     return 0 if len(done) == len(results) else 1
 
 

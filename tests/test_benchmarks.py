@@ -113,6 +113,8 @@ def test_methods_digits_reports_a_recipe_beside_raw_pixels(load_benchmark, capsy
         assert all(0 <= accuracy <= 100 for accuracy in (row[0], row[1], row[3])), out
     assert simclr[5] == pytest.approx(simclr[1] - raw[1], abs=0.02)
     assert simclr[6] > 0 and simclr[7] > 0  # wall time, training images per second
+    assert (tmp_path / "methods_digits.png").read_bytes().startswith(b"\x89PNG")
+    assert "online probe" in out  # the side-by-side table's header
 
 
 def test_train_speed_compares_the_engine_with_the_bare_loop(load_benchmark, capsys):

@@ -151,7 +151,7 @@ def test_checkpoint_imports_only_utils_models_and_itself():
 LAYERS = (
     ("utils",),
     ("data", "models", "meters"),
-    ("optimizers", "evaluation", "checkpoint"),
+    ("optimizers", "evaluation", "checkpoint", "report"),
     ("config",),
     ("hooks",),
     ("losses",),
@@ -173,7 +173,7 @@ def test_every_package_has_a_layer():
 
 
 def test_no_module_imports_a_higher_layer():
-    """utils < data, models, meters < optimizers, evaluation, checkpoint < config < hooks
+    """utils < data, models, meters < optimizers, evaluation, checkpoint, report < config < hooks
     < losses < trainer < extraction < engines: a lower layer never imports a higher one, so
     each layer can be read, tested and reused without what is built on top of it."""
     upward = sorted(f"{name} imports {dep}" for name, deps in import_graph().items()

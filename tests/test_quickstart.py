@@ -28,4 +28,8 @@ def test_quickstart_learned_features_beat_raw_pixels_at_one_shot(tmp_path):
     # the claim of the quickstart: at least 5 points over raw pixels with one label per class
     assert one_shot["learned"] >= one_shot["raw_pixels"] + 5, one_shot
     assert one_shot["learned"] > one_shot["random_init"], one_shot
-    assert "raw pixels" in (tmp_path / "log.txt").read_text()  # the table a person reads
+    log = (tmp_path / "log.txt").read_text()
+    assert "raw pixels" in log  # the table a person reads
+    # the report a person looks at, with the map of the TEST features (tests/test_run_report.py)
+    assert f"run report: {tmp_path / 'report.png'} and {tmp_path / 'report.html'}" in log
+    assert "no feature map" not in log

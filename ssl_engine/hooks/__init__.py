@@ -13,8 +13,10 @@ from ssl_engine.hooks.log_hooks import LogLossLrEtaHook
 from ssl_engine.hooks.memory_hooks import GpuStatsHook, MemorySummaryHook
 from ssl_engine.hooks.perf_hooks import ModelComplexityHook, PerfStatsHook
 from ssl_engine.hooks.registry import HOOK_REGISTRY, register_hook
+from ssl_engine.hooks.run_report_hook import RunReportHook
 from ssl_engine.hooks.tensorboard_hook import TensorboardHook
 
 __all__ = ["CheckpointHook", "CollapseMonitorHook", "EmaModelHook", "FeatureReportHook", "FrozenParamsHook", "KnnEvalHook",
-           "GpuStatsHook", "LogLossLrEtaHook", "MemorySummaryHook", "ModelComplexityHook", "PerfStatsHook", "SSLClassyHookFunctions",
+           "GpuStatsHook", "LogLossLrEtaHook", "MemorySummaryHook", "ModelComplexityHook", "PerfStatsHook", "RunReportHook",
+           "SSLClassyHookFunctions",
            "SSLHook", "TensorboardHook", "HOOK_REGISTRY", "register_hook"]

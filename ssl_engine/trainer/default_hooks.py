@@ -1,6 +1,6 @@
 """The hooks a run gets: the engine's own, chosen by the config, then the loss's, then the
-registered hooks named in HOOKS.EXTRA_HOOKS. The engines pass ``default_hook_generator`` to the
-trainer unless a caller gives its own generator."""
+registered hooks named in HOOKS.EXTRA_HOOKS, then the experiment trackers. The engines pass
+``default_hook_generator`` to the trainer unless a caller gives its own generator."""
 import os
 from typing import List
 
@@ -8,7 +8,7 @@ from ssl_engine.config import ConfigError
 from ssl_engine.hooks import (CheckpointHook, CollapseMonitorHook, EmaModelHook,
                               FeatureReportHook, FrozenParamsHook, GpuStatsHook, KnnEvalHook,
                               LogLossLrEtaHook, MemorySummaryHook, ModelComplexityHook,
-                              PerfStatsHook, SSLHook, TensorboardHook)
+                              PerfStatsHook, RunReportHook, SSLHook, TensorboardHook)
 from ssl_engine.hooks.mlflow_hook import MlflowHook
 from ssl_engine.hooks.registry import HOOK_REGISTRY
 from ssl_engine.hooks.wandb_hook import WandbHook
@@ -22,7 +22,7 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     feature report, the collapse monitor (self-supervised training) and temporarily frozen
     parameters when asked, the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
     weights (HOOKS.EMA_MODEL), the memory summary (HOOKS.MEMORY_SUMMARY) and the GPU report
-    (HOOKS.LOG_GPU_STATS), then the loss's own,
+    (HOOKS.LOG_GPU_STATS), the run report (HOOKS.RUN_REPORT), then the loss's own,
     then the registered hooks named in HOOKS.EXTRA_HOOKS, then the experiment trackers."""
     hooks: List[SSLHook] = []
     perf = cfg.HOOKS.PERF_STATS
@@ -58,6 +58,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
                                        memory.DUMP_MEMORY_ON_EXCEPTION))
     if cfg.HOOKS.LOG_GPU_STATS:
         hooks.append(GpuStatsHook())
+    if cfg.HOOKS.RUN_REPORT.ENABLED and not cfg.TEST_ONLY:  # last: it reads what others wrote
+        hooks.append(RunReportHook(cfg))
     return hooks + loss_hooks(cfg) + extra_hooks(cfg) + tracker_hooks(cfg)
 
 
