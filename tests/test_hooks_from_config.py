@@ -1,5 +1,6 @@
 """Hooks turned on by HOOKS.* keys: CHECK_NAN, PERF_STATS, MODEL_COMPLEXITY, EXTRA_HOOKS."""
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -7,7 +8,8 @@ import torch
 
 from engine_utils import run_engine
 from ssl_engine.config import ConfigError, load_config
-from ssl_engine.hooks import ModelComplexityHook, PerfStatsHook, SSLHook, register_hook
+from ssl_engine.hooks import (ModelComplexityHook, PerfStatsHook, SSLHook, TensorboardHook,
+                              register_hook)
 from ssl_engine.hooks.perf_hooks import model_complexity
 from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.trainer.train_steps.standard_train_step import check_loss_is_finite
@@ -120,3 +122,12 @@ def test_a_run_calls_the_configured_hooks(tmp_path):
     assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
     assert parts["backward"] > 0 and parts["forward"] > 0
     assert "step time (mean of this run's" in (tmp_path / "log.txt").read_text()
+
+
+def test_an_empty_tensorboard_folder_writes_the_events_into_the_run_folder():
+    """VISSL's files leave EXPERIMENT_LOG_DIR empty (null) in places: the events go to
+    CHECKPOINT.DIR itself instead of the hook list failing to build."""
+    cfg = quick_cfg("config.HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD=true",
+                    "config.HOOKS.TENSORBOARD_SETUP.EXPERIMENT_LOG_DIR=null")
+    (board,) = [h for h in default_hook_generator(cfg) if isinstance(h, TensorboardHook)]
+    assert os.path.normpath(board.log_dir) == os.path.normpath(cfg.CHECKPOINT.DIR)

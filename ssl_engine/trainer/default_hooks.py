@@ -36,7 +36,7 @@ def default_hook_generator(cfg) -> List[SSLHook]:
                                     cfg.CHECKPOINT.SAVE_ON_SIGTERM))
     tb = cfg.HOOKS.TENSORBOARD_SETUP
     if tb.USE_TENSORBOARD:
-        hooks.append(TensorboardHook(os.path.join(cfg.CHECKPOINT.DIR, tb.EXPERIMENT_LOG_DIR),
+        hooks.append(TensorboardHook(os.path.join(cfg.CHECKPOINT.DIR, tb.EXPERIMENT_LOG_DIR or ""),
                                      cfg.LOG_FREQUENCY, tb.FLUSH_EVERY_N_MIN, tb.LOG_PARAMS))
     if cfg.HOOKS.KNN_EVAL.USE_KNN_EVAL:
         hooks.append(KnnEvalHook(cfg))
