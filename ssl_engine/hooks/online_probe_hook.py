@@ -8,15 +8,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssl_engine.config import ConfigError
+from ssl_engine.data import build_dataloader
 from ssl_engine.evaluation.labelled_features import EvalSplits, evaluation_mode
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.log_hooks import append_metrics
 from ssl_engine.hooks.tensorboard_hook import TensorboardHook
 from ssl_engine.models.base_ssl_model import check_model_config
-from ssl_engine.utils.distributed import gather_from_all, is_primary
+from ssl_engine.utils.cpu_budget import loader_workers
+from ssl_engine.utils.distributed import all_reduce_sum, gather_from_all, is_primary
 
 logger = logging.getLogger(__name__)
 KEY = "config.HOOKS.ONLINE_LINEAR_PROBE"
+CACHE_BYTES = 256 * 2 ** 20  # a TEST split whose inputs fit is kept in memory between evaluations
 
 
 def check_probe_config(cfg) -> None:
@@ -105,6 +108,7 @@ class OnlineLinearProbeHook(SSLHook):
         self._capturing = False  # this trunk call's output is kept
         self._added = False  # the stage was added to the trunk's requested outputs
         self._features: Optional[torch.Tensor] = None
+        self._cached = None  # the TEST batches, when they fit in CACHE_BYTES
 
     # ------------------------------------------------------------------ state
     def get_classy_state(self) -> Dict[str, Any]:
@@ -229,19 +233,47 @@ class OnlineLinearProbeHook(SSLHook):
 
     @torch.no_grad()
     def _evaluate(self, task):
-        """(top-1, top-5) in % of the probe on the TEST split on rank 0, (nan, nan) elsewhere
-        (a collective)."""
-        model, probe, layer = task.base_model, self.probe, self.layer
-
-        def logits_fn(x):
-            return {"logits": probe(pooled(model.trunk(x, out_feat_keys=[layer])[0]).float())}
-
+        """(top-1, top-5) in % of the probe on the TEST split, on every rank (a collective):
+        each rank classifies its share; the sampler's padding repeats are counted once."""
+        model, probe, layer, device = task.base_model, self.probe, self.layer, task.device
+        size = len(self.splits.datasets["TEST"])
+        hits = torch.zeros(2, size, device=device)  # top-1 and top-5 hits by sample
+        seen = torch.zeros(size, device=device)
         with evaluation_mode(model, probe):
-            test = self.splits.split_features(logits_fn, "TEST", task.device)
-        if test is None:
-            return float("nan"), float("nan")
-        logits, targets = test.features["logits"], test.targets.reshape(-1)
-        ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        hits = ranked == targets[:, None]
-        return (100 * hits[:, 0].float().mean().item(),
-                100 * hits.any(dim=1).float().mean().item())
+            for inputs, targets, data_idx in self._test_batches(device):
+                stage = model.trunk(inputs, out_feat_keys=[layer])[0]
+                logits = probe(pooled(stage).float())
+                ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices
+                correct = ranked == targets.to(device).reshape(-1, 1)
+                data_idx = data_idx.to(device)
+                hits[0].index_add_(0, data_idx, correct[:, 0].float())
+                hits[1].index_add_(0, data_idx, correct.any(dim=1).float())
+                seen.index_add_(0, data_idx, torch.ones_like(data_idx, dtype=seen.dtype))
+        hits, seen = all_reduce_sum(hits), all_reduce_sum(seen)
+        top = 100 * (hits / seen.clamp(min=1)).sum(dim=1) / size
+        return top[0].item(), top[1].item()
+
+    def _test_batches(self, device):
+        """This rank's (inputs, targets, data_idx) batches of the TEST split on ``device``. They
+        are the same at every evaluation (epoch 0, no shuffling, augmentation seeded by
+        sample), so they are kept in memory after the first when they fit in CACHE_BYTES."""
+        if self._cached is not None:
+            yield from ((x.to(device), t, i) for x, t, i in self._cached)
+            return
+        cfg = self.splits.cfg
+        loader = build_dataloader(self.splits.datasets["TEST"], cfg.DATA.TEST,
+                                  num_workers=loader_workers(cfg),
+                                  pin_memory=cfg.DATA.PIN_MEMORY and device.type == "cuda",
+                                  epoch=0, shuffle=False)
+        kept, size = [], 0
+        for batch in loader:
+            inputs, targets, data_idx = batch["input"], batch["target"], batch["data_idx"]
+            if isinstance(inputs, torch.Tensor):
+                size += inputs.numel() * inputs.element_size()
+                kept.append((inputs, targets, data_idx))
+            else:  # several resolutions: not kept
+                size, inputs = CACHE_BYTES + 1, [x.to(device) for x in inputs]
+            yield (inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs,
+                   targets, data_idx)
+        if size <= CACHE_BYTES:
+            self._cached = kept
