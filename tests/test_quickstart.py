@@ -29,3 +29,8 @@ def test_quickstart_learned_features_beat_raw_pixels_at_one_shot(tmp_path):
     assert one_shot["learned"] >= one_shot["raw_pixels"] + 5, one_shot
     assert one_shot["learned"] > one_shot["random_init"], one_shot
     assert "raw pixels" in (tmp_path / "log.txt").read_text()  # the table a person reads
+    # the online linear probe (HOOKS.ONLINE_LINEAR_PROBE, on in the quickstart) learned the
+    # digits' classes from the training batches: one evaluation per epoch, far above chance (10%)
+    probe = [r["online_probe"] for r in records if "online_probe" in r]
+    assert [p["train_phase_idx"] for p in probe] == list(range(20))
+    assert probe[-1]["top1"] >= 80, probe[-1]
