@@ -158,7 +158,7 @@ class OnlineLinearProbeHook(SSLHook):
             return
         targets = task.last_batch["target"]
         targets = targets.reshape(len(targets), -1)[: len(features), 0]
-        self._train_step(task, pooled(features).float(), targets)
+        self._train_step(task, pooled(features.float()), targets)
 
     def on_phase_end(self, task) -> None:
         self._armed = False
@@ -242,7 +242,7 @@ class OnlineLinearProbeHook(SSLHook):
         with evaluation_mode(model, probe):
             for inputs, targets, data_idx in self._test_batches(device):
                 stage = model.trunk(inputs, out_feat_keys=[layer])[0]
-                logits = probe(pooled(stage).float())
+                logits = probe(pooled(stage.float()))
                 ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices
                 correct = ranked == targets.to(device).reshape(-1, 1)
                 data_idx = data_idx.to(device)
