@@ -18,7 +18,8 @@ from ssl_engine.models.ema import ema_model_enabled
 def default_hook_generator(cfg) -> List[SSLHook]:
     """The hooks every run gets: the step timings (HOOKS.PERF_STATS, on by default), logging,
     checkpoints (when training), then TensorBoard, the online k-NN evaluation, the final
-    feature report, the online linear probe (HOOKS.ONLINE_LINEAR_PROBE), the collapse monitor (self-supervised training) and temporarily frozen
+    feature report, the online linear probe (HOOKS.ONLINE_LINEAR_PROBE), the collapse monitor
+    (self-supervised training) and temporarily frozen
     parameters when asked, the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
     weights (HOOKS.EMA_MODEL), the memory summary (HOOKS.MEMORY_SUMMARY) and the GPU report
     (HOOKS.LOG_GPU_STATS), then the loss's own,
