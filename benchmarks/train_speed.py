@@ -108,6 +108,7 @@ def engine_command(args, overrides, folder: Path):
     else:
         # the recipe runs bf16 + channels_last: start every variant from fp32 eager
         base = ["config=quickstart/simclr_digits", "config.HOOKS.FEATURE_REPORT.ENABLED=false",
+                "config.HOOKS.ONLINE_LINEAR_PROBE.ENABLED=false",
                 "config.MODEL.AMP_PARAMS.USE_AMP=false", "config.MODEL.CHANNELS_LAST=false",
                 f"config.OPTIMIZER.num_epochs={-(-args.iters // args.steps_per_epoch)}"]
     if args.workers is not None:

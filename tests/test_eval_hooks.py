@@ -26,7 +26,8 @@ WITH_TEST_SPLIT = [
     f"config.DATA.TEST.TRANSFORMS={TEST_TRANSFORMS}",
 ]
 HOOKS_ON = ["config.HOOKS.KNN_EVAL.USE_KNN_EVAL=true", "config.HOOKS.FEATURE_REPORT.ENABLED=true",
-            "config.NEAREST_NEIGHBOR.TOPK=5", "config.LOW_SHOT.SEEDS=[0,1,2]"]
+            "config.NEAREST_NEIGHBOR.TOPK=5", "config.LOW_SHOT.SEEDS=[0,1,2]",
+            "config.HOOKS.ONLINE_LINEAR_PROBE.ENABLED=true"]
 ROWS = ("learned", "random_init", "raw_pixels")
 
 
@@ -55,7 +56,8 @@ def test_hooks_do_not_change_training(runs):
     assert weights_off.keys() == weights_on.keys()
     for name in weights_off:
         assert torch.equal(weights_off[name], weights_on[name]), name
-    assert not [m for m in metrics(off) if "knn" in m or "feature_report" in m]
+    assert not [m for m in metrics(off) if "knn" in m or "feature_report" in m
+                or "online_probe" in m]
 
 
 def test_knn_record_after_every_test_phase(runs):
@@ -66,6 +68,14 @@ def test_knn_record_after_every_test_phase(runs):
         assert 0 <= record["top1"] <= 100
         assert record["top5"] == 100.0  # 4 classes: the top 5 holds every class
     assert "kNN top-1" in (runs[1] / "log.txt").read_text()
+
+
+def test_online_probe_record_after_every_test_phase(runs):
+    records = [m["online_probe"] for m in metrics(runs[1]) if "online_probe" in m]
+    assert [r["train_phase_idx"] for r in records] == [0, 1]
+    for record in records:
+        assert record["layer"] == "res5avg" and 0 <= record["top1"] <= 100
+        assert record["top5"] == 100.0  # 4 classes: the top 5 holds every class
 
 
 def test_feature_report_record_and_table(runs):

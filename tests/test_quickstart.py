@@ -33,3 +33,8 @@ def test_quickstart_learned_features_beat_raw_pixels_at_one_shot(tmp_path):
     # the report a person looks at, with the map of the TEST features (tests/test_run_report.py)
     assert f"run report: {tmp_path / 'report.png'} and {tmp_path / 'report.html'}" in log
     assert "no feature map" not in log
+    # the online linear probe (HOOKS.ONLINE_LINEAR_PROBE, on in the quickstart) learned the
+    # digits' classes from the training batches: one evaluation per epoch, far above chance (10%)
+    probe = [r["online_probe"] for r in records if "online_probe" in r]
+    assert [p["train_phase_idx"] for p in probe] == list(range(20))
+    assert probe[-1]["top1"] >= 80, probe[-1]

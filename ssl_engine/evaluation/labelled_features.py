@@ -60,11 +60,12 @@ class FirstView(Dataset):
 
 
 class EvalSplits:
-    """The TRAIN and TEST datasets of ``eval_data_config(cfg)``, first views only."""
+    """The TRAIN and TEST datasets of ``eval_data_config(cfg)`` (or those of ``splits``), first
+    views only."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, splits=SPLITS):
         self.cfg = eval_data_config(cfg)
-        self.datasets = {split: FirstView(build_dataset(self.cfg, split)) for split in SPLITS}
+        self.datasets = {split: FirstView(build_dataset(self.cfg, split)) for split in splits}
 
     def features(self, features_fn: FeaturesFn, device: torch.device
                  ) -> Optional[Dict[str, LabelledFeatures]]:

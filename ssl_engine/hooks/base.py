@@ -64,9 +64,22 @@ class SSLHook(ClassyHook):
       (``metrics`` / ``metrics_avg`` in metrics.json, ``Metrics/...`` in TensorBoard). Only
       ``loss`` and ``loss_terms`` are checkpointed: a run resumed inside a phase starts the
       other series afresh.
-    - A hook's own state lives on the hook; it is not checkpointed. What must survive a resume
-      belongs in the task's or the loss's checkpointed state.
+    - A hook's own state lives on the hook. What must survive a resume (weights a hook trains,
+      their optimizer) is returned by ``get_classy_state`` and given back by
+      ``set_classy_state``; a hook without such state keeps the defaults.
     """
+
+    def get_classy_state(self) -> dict:
+        """The hook's checkpointed state (tensors, numbers, dicts of them), read on every rank
+        when a checkpoint is written; the task saves it under the hook's ``name()`` in
+        ``classy_state_dict["hooks"]`` when it is not empty. Default: nothing (``{}``)."""
+        return {}
+
+    def set_classy_state(self, state: dict) -> None:
+        """Gives back what ``get_classy_state`` returned when the run resumes from a checkpoint
+        holding it: called in ``task.prepare``, before ``on_start`` (a hook that builds what
+        the state fills in ``on_start`` keeps it until then). Not called for a checkpoint
+        without it (one written without the hook, or before hooks had state). Default: no-op."""
 
     def on_start(self, task) -> None:
         """Once, on every rank, before the first phase (``train()``, after ``task.prepare``

@@ -10,6 +10,7 @@ from ssl_engine.hooks import (CheckpointHook, CollapseMonitorHook, EmaModelHook,
                               LogLossLrEtaHook, MemorySummaryHook, ModelComplexityHook,
                               PerfStatsHook, RunReportHook, SSLHook, TensorboardHook)
 from ssl_engine.hooks.mlflow_hook import MlflowHook
+from ssl_engine.hooks.online_probe_hook import OnlineLinearProbeHook
 from ssl_engine.hooks.registry import HOOK_REGISTRY
 from ssl_engine.hooks.wandb_hook import WandbHook
 from ssl_engine.losses import loss_class
@@ -19,7 +20,8 @@ from ssl_engine.models.ema import ema_model_enabled
 def default_hook_generator(cfg) -> List[SSLHook]:
     """The hooks every run gets: the step timings (HOOKS.PERF_STATS, on by default), logging,
     checkpoints (when training), then TensorBoard, the online k-NN evaluation, the final
-    feature report, the collapse monitor (self-supervised training) and temporarily frozen
+    feature report, the online linear probe (HOOKS.ONLINE_LINEAR_PROBE), the collapse monitor
+    (self-supervised training) and temporarily frozen
     parameters when asked, the model's flops (HOOKS.MODEL_COMPLEXITY), the average of the
     weights (HOOKS.EMA_MODEL), the memory summary (HOOKS.MEMORY_SUMMARY) and the GPU report
     (HOOKS.LOG_GPU_STATS), the run report (HOOKS.RUN_REPORT), then the loss's own,
@@ -42,6 +44,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
         hooks.append(KnnEvalHook(cfg))
     if cfg.HOOKS.FEATURE_REPORT.ENABLED:
         hooks.append(FeatureReportHook(cfg))
+    if cfg.HOOKS.ONLINE_LINEAR_PROBE.ENABLED and not cfg.TEST_ONLY:
+        hooks.append(OnlineLinearProbeHook(cfg))
     monitor = cfg.HOOKS.COLLAPSE_MONITOR
     if monitor.ENABLED and not cfg.TEST_ONLY and not cfg.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON:
         hooks.append(CollapseMonitorHook(monitor.MIN_EMBEDDING_STD))

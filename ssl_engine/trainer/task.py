@@ -10,7 +10,7 @@ from ssl_engine.checkpoint import (VISSL_RESUME_NOT_RESTORED, CheckpointError, i
                                    load_vissl_model_weights, load_weights_init, vissl_key_prefix)
 from ssl_engine.data import StatefulDistributedSampler, build_dataloader, build_dataset
 from ssl_engine.data.loader import set_loader_position, stop_workers
-from ssl_engine.hooks.base import SSLClassyHookFunctions
+from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
 from ssl_engine.losses import build_loss
 from ssl_engine.meters import build_meters
 from ssl_engine.models import build_model
@@ -297,11 +297,23 @@ class SelfSupervisionTask(ClassyTask):
         }
         if self.ema_model is not None:
             state["ema_model"] = self.ema_model.get_classy_state()
+        hook_states = self._hook_states()
+        if hook_states:  # only hooks with state (e.g. the online probe's weights)
+            state["hooks"] = hook_states
         if deep_copy:
             import copy
 
             state = copy.deepcopy(state)
         return state
+
+    def _hook_states(self) -> Dict[str, Any]:
+        """``get_classy_state()`` of every hook that has state, by hook name (hooks/base.py)."""
+        states = {}
+        for hook in getattr(self, "hooks", []):
+            hook_state = hook.get_classy_state() if isinstance(hook, SSLHook) else {}
+            if hook_state:
+                states[hook.name()] = hook_state
+        return states
 
     def set_classy_state(self, state) -> None:
         self.base_model.set_classy_state(state["base_model"])
@@ -310,6 +322,9 @@ class SelfSupervisionTask(ClassyTask):
         if state.get("loss"):
             self.loss.set_classy_state(state["loss"])
         self.amp.load_state_dict(state.get("amp_grad_scaler") or {})
+        for hook in getattr(self, "hooks", []):
+            if hook.name() in state.get("hooks", {}):  # absent: saved without it
+                hook.set_classy_state(state["hooks"][hook.name()])
         if self.ema_model is not None:
             if state.get("ema_model") is not None:
                 self.ema_model.set_classy_state(state["ema_model"])
