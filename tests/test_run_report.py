@@ -2,6 +2,7 @@
 (tools/compare_runs.py), on one tiny run with a TEST split, the online k-NN and the feature
 report, and on folders holding only part of a run."""
 import base64
+import json
 import shutil
 import subprocess
 import sys
@@ -132,7 +133,12 @@ def test_report_of_a_folder_with_only_metrics(metrics_only, capsys):
 
 def test_compare_runs_table_and_picture(run, metrics_only, tmp_path, capsys):
     out = tmp_path / "runs.png"
-    assert compare_runs.main([str(run), str(metrics_only), "--out", str(out)]) == 0
+    no_probe = tmp_path / "no_probe"  # the same rows without the probe's
+    no_probe.mkdir()
+    (no_probe / "metrics.json").write_text("".join(
+        json.dumps({k: v for k, v in row.items() if not k.startswith("online_probe")}) + "\n"
+        for row in metrics(run) if "online_probe" not in row))
+    assert compare_runs.main([str(run), str(metrics_only), str(no_probe), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["run", "method", "epochs", "wall", "time", "final", "loss",
                                 "k-NN", "top-1", "1-shot", "5-shot", "online", "probe"]
@@ -144,8 +150,10 @@ def test_compare_runs_table_and_picture(run, metrics_only, tmp_path, capsys):
     assert float(full[5]) == pytest.approx(final, abs=1e-4)
     assert float(full[6]) == pytest.approx(report["knn_top1"], abs=0.01)
     assert float(full[7]) == pytest.approx(report["low_shot"]["1"]["mean"], abs=0.01)
-    assert full[-1] == "-"  # no online probe in this run
+    probe = [r["online_probe"] for r in rows if "online_probe" in r][-1]  # TEST, last epoch
+    assert float(full[-1]) == pytest.approx(probe["top1"], abs=0.01)
     assert partial[:2] == ["killed", "-"]  # no config: no method
+    assert lines[3].split()[-1] == "-"  # no online probe
     assert out.read_bytes().startswith(b"\x89PNG")
 
 

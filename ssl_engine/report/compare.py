@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ssl_engine.report.figure import no_data, pyplot, smooth
-from ssl_engine.report.run_folder import RunFolder
+from ssl_engine.report.run_folder import PROBE_PREFIX, RunFolder
 
 COLUMNS = ("run", "method", "epochs", "wall time", "final loss", "k-NN top-1", "1-shot",
            "5-shot", "online probe")
@@ -31,8 +31,8 @@ def run_row(run: RunFolder) -> List[str]:
     shots = {shot: (learned.get("low_shot") or {}).get(shot, {}).get("mean") for shot in "15"}
     probes = run.probe_per_epoch()
     probe = None
-    if probes:
-        values = next(iter(probes.values()))
+    if probes:  # the TEST split's accuracy (HOOKS.ONLINE_LINEAR_PROBE's rows) before others
+        values = probes.get(PROBE_PREFIX) or next(iter(probes.values()))
         probe = values[max(values)]
     wall = run.wall_seconds()
     return [run.name, run.method(), str(run.epochs_done()) if ends else MISSING,
