@@ -115,7 +115,8 @@ def engine_command(args, overrides, folder: Path):
         base.append(f"config.DATA.NUM_DATALOADER_WORKERS={args.workers}")
     return [sys.executable, "tools/run_distributed_engines.py", *base,
             f"config.CHECKPOINT.DIR={folder}", "config.CHECKPOINT.AUTO_RESUME=false",
-            "config.CHECKPOINT.CHECKPOINT_FREQUENCY=1000", "config.LOG_FREQUENCY=1", *overrides]
+            "config.CHECKPOINT.CHECKPOINT_FREQUENCY=1000", "config.LOG_FREQUENCY=1",
+            "config.HOOKS.RUN_REPORT.ENABLED=false", *overrides]  # the steps, not the report
 
 
 def run_engine(args, overrides, folder: Path):
