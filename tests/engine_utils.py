@@ -13,7 +13,9 @@ from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import load_config
 from ssl_engine.engines.launcher import launch_distributed
 from ssl_engine.engines.prelaunch import check_before_launch
+from ssl_engine.hooks import SSLHook
 from ssl_engine.losses import SSLLoss
+from ssl_engine.trainer.default_hooks import default_hook_generator
 
 QUICK = "config=test/quick_simclr_synthetic"
 
@@ -26,6 +28,23 @@ def run_engine(checkpoint_dir: Path, overrides: Sequence[str] = (), hook_generat
     check_before_launch(engine_name, cfg)
     launch_distributed(cfg, engine_name, hook_generator=hook_generator)
     return cfg
+
+
+class CrashAt(SSLHook):
+    """Raises after the on_step of a given iteration (after that step's checkpoint)."""
+
+    def __init__(self, iteration):
+        super().__init__()
+        self.iteration = iteration
+
+    def on_step(self, task):
+        if task.train and task.iteration == self.iteration:
+            raise RuntimeError("simulated crash")
+
+
+def crash_hooks_at(iteration):
+    """A hook generator: the default hooks, then a crash after iteration ``iteration``."""
+    return lambda cfg: default_hook_generator(cfg) + [CrashAt(iteration)]
 
 
 class FunctionLoss(SSLLoss):

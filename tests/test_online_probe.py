@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_utils import QUICK, final_weights, metrics, run_engine
+from engine_utils import QUICK, crash_hooks_at, final_weights, metrics, run_engine
 from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.hooks import SSLHook
@@ -116,22 +116,6 @@ def test_bad_settings_are_refused_with_the_key():
         default_hook_generator(cfg)
 
 
-class CrashAt(SSLHook):
-    """Raises after the on_step of a given iteration (after that step's checkpoint)."""
-
-    def __init__(self, iteration):
-        super().__init__()
-        self.iteration = iteration
-
-    def on_step(self, task):
-        if task.train and task.iteration == self.iteration:
-            raise RuntimeError("simulated crash")
-
-
-def crash_at_4(cfg):
-    return default_hook_generator(cfg) + [CrashAt(4)]
-
-
 class DumpProbe(SSLHook):
     """Writes this rank's probe state at the end of the run."""
 
@@ -165,7 +149,7 @@ def test_resume_is_exact_and_two_processes_hold_the_probe_of_one(tmp_path):
     run_engine(straight, ENGINE + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"])
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_engine(crashed, ENGINE + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"],
-                   hook_generator=crash_at_4)
+                   hook_generator=crash_hooks_at(4))
     assert load_checkpoint(crashed / "checkpoint.torch")["type"] == "iteration"
     run_engine(crashed, ENGINE + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"])
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_utils import QUICK, final_weights, metrics, run_engine, small_tmpfs, step_losses
+from engine_utils import (QUICK, crash_hooks_at, final_weights, metrics, run_engine, small_tmpfs,
+                          step_losses)
 from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.hooks import SSLHook
-from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.trainer import register_train_step
 from ssl_engine.trainer.train_steps.standard_train_step import standard_train_step
 
@@ -113,22 +113,6 @@ def test_train_step_chosen_by_name(tmp_path):
     CALLS.clear()
     run_engine(tmp_path, ["config.TRAINER.TRAIN_STEP_NAME=test_counting_step"])
     assert CALLS == list(range(1, ITERS_PER_EPOCH * EPOCHS + 1))
-
-
-class CrashAt(SSLHook):
-    """Raises after the on_step of a given iteration (after that step's checkpoint)."""
-
-    def __init__(self, iteration):
-        super().__init__()
-        self.iteration = iteration
-
-    def on_step(self, task):
-        if task.train and task.iteration == self.iteration:
-            raise RuntimeError("simulated crash")
-
-
-def crash_hooks_at(iteration):
-    return lambda cfg: default_hook_generator(cfg) + [CrashAt(iteration)]
 
 
 # the first case also keeps an EMA of the weights (HOOKS.EMA_MODEL): copies at updates 0 and 2

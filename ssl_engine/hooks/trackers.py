@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ssl_engine.utils.errors import ConfigError
+from ssl_engine.utils.io import json_objects
 
 # Row keys that place a row (its step, its phase), not values to plot.
 POSITION_KEYS = ("phase", "phase_end", "phase_type", "scope", "phase_idx", "train_phase_idx",
@@ -96,15 +97,7 @@ class MetricsRows:
             data = handle.read()
         complete = data[:data.rfind(b"\n") + 1]
         self.offset += len(complete)
-        rows = []
-        for line in complete.decode().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
+        return json_objects(complete.decode().splitlines())
 
     def new_scalars(self) -> List[tuple]:
         """(step, scalars) of every new row; a row without an iteration (the k-NN's) takes

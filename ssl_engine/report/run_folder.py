@@ -2,7 +2,6 @@
 runs: the rows of metrics.json, the composed config (``config.yaml``, or the one a checkpoint
 keeps), the checkpoints and the log. Works on a finished run, one in progress, one killed
 mid-way (a half-written last line is skipped) and one made before the report existed."""
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from ssl_engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from ssl_engine.utils.io import json_objects
 
 CONFIG_NAME = "config.yaml"  # the composed config, written by the run report hook at the start
 PROBE_PREFIX = "online_probe"
@@ -18,17 +18,7 @@ PROBE_PREFIX = "online_probe"
 
 def read_rows(path: Path) -> List[dict]:
     """The JSON objects of metrics.json, one a line; lines that do not parse are skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return json_objects(path.read_text().splitlines()) if path.is_file() else []
 
 
 def _number(value: Any) -> Optional[float]:

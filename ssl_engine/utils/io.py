@@ -1,8 +1,9 @@
 """Small file-system helpers."""
 import errno
+import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, List, Optional
 
 
 def fsync_dir(folder: Path) -> None:
@@ -57,3 +58,17 @@ def writable_folder_error(folder: Path):
     except OSError as err:
         return err
     return None
+
+
+def json_objects(lines: Iterable[str]) -> List[dict]:
+    """The JSON objects of ``lines`` (e.g. metrics.json's), one a line; a line that is not a
+    JSON object (a half-written last line, a stray value) is skipped."""
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
