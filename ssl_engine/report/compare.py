@@ -61,14 +61,19 @@ def _loss_panel(ax, runs: Sequence[RunFolder]) -> None:
             drawn = True
     if not drawn:
         return no_data(ax)
+    if all(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
+        ax.set_yscale("log")  # the methods' losses differ in scale by orders of magnitude
     ax.set_xlabel("iteration (optimizer updates)")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("loss (log scale)" if ax.get_yscale() == "log" else "loss")
     ax.legend(fontsize=8)
 
 
 def _epoch_curves(run: RunFolder):
-    return ([("k-NN", "-", run.knn_per_epoch())] +
-            [("probe", "--", values) for values in run.probe_per_epoch().values()])
+    """The run's per-epoch accuracies on the TEST split: the online k-NN's and the online
+    probe's (the probe's accuracy on its training batches is the run report's to show)."""
+    probes = run.probe_per_epoch()
+    probe = probes.get(PROBE_PREFIX) or next(iter(probes.values()), {})
+    return [("k-NN", "-", run.knn_per_epoch()), ("online probe", "--", probe)]
 
 
 def _accuracy_panel(ax, runs: Sequence[RunFolder]) -> None:
