@@ -145,9 +145,15 @@ def monitor_panel(ax, run: RunFolder) -> None:
     ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")
 
 
+# the online linear probe's series (HOOKS.ONLINE_LINEAR_PROBE): its TEST evaluation's rows and
+# the mean of its accuracy on the training batches it learns from
+PROBE_LABELS = {"online_probe": "online probe, TEST split",
+                "online_probe_train_top1": "online probe, training batches"}
+
+
 def accuracy_panel(ax, run: RunFolder) -> None:
     ax.set_title("Accuracy per epoch")
-    curves = {f"{name.replace('_', ' ')}": values
+    curves = {PROBE_LABELS.get(name, name.replace("_", " ")): values
               for name, values in run.probe_per_epoch().items()}
     knn = run.knn_per_epoch()
     if knn:
