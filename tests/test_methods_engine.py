@@ -8,10 +8,8 @@ clipping.)"""
 import pytest
 import torch
 
-from engine_utils import final_weights, metrics, run_engine, step_losses
+from engine_utils import crash_hooks_at, final_weights, metrics, run_engine, step_losses
 from ssl_engine.checkpoint import load_checkpoint
-from ssl_engine.hooks import SSLHook
-from ssl_engine.trainer.default_hooks import default_hook_generator
 
 METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
@@ -27,16 +25,6 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "vicreg": {"invariance", "variance", "covariance"},
          "swav": {"assign_crop0", "assign_crop1"},
          "dino": {"teacher_crop0", "teacher_crop1"}}
-
-
-class CrashAfter(SSLHook):
-    def __init__(self, iteration: int):
-        super().__init__()
-        self.iteration = iteration
-
-    def on_step(self, task):
-        if task.train and task.iteration == self.iteration:
-            raise RuntimeError("simulated crash")
 
 
 def loss_state(checkpoint_dir):
@@ -75,7 +63,7 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
     # crash after iteration 1 (its checkpoint written), resume from it
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_engine(tmp_path / "crashed", one, config=config,
-                   hook_generator=lambda cfg: default_hook_generator(cfg) + [CrashAfter(1)])
+                   hook_generator=crash_hooks_at(1))
     run_engine(tmp_path / "crashed", one + ["config.CHECKPOINT.AUTO_RESUME=true"], config=config)
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed")
     for name in straight:

@@ -4,11 +4,9 @@ and views apart; NUM_DATALOADER_WORKERS=auto sizes the loader from the cores."""
 import pytest
 import torch
 
-from engine_utils import final_weights, metrics, run_engine, step_losses
+from engine_utils import crash_hooks_at, final_weights, metrics, run_engine, step_losses
 from ssl_engine.config import ConfigError, load_config
 from ssl_engine.data.collators import build_collator
-from ssl_engine.hooks import SSLHook
-from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.hooks.log_hooks import batch_counts
 from ssl_engine.losses import build_loss
 from ssl_engine.models import build_model
@@ -129,12 +127,6 @@ def test_amp_defaults_to_bf16_on_cpu_and_fp16_with_a_scaler_on_gpu():
     assert MixedPrecision(torch.bfloat16, "cpu").scaler is None
 
 
-class CrashAfter(SSLHook):
-    def on_step(self, task):
-        if task.train and task.iteration == 1:
-            raise RuntimeError("simulated crash")
-
-
 def test_bf16_run_resumes_exactly(tmp_path):
     """BYOL (a momentum target run under autocast too) with bf16 on, crashed after its first
     update and resumed: the same weights, bit for bit."""
@@ -146,7 +138,7 @@ def test_bf16_run_resumes_exactly(tmp_path):
     run_engine(tmp_path / "straight", args, config=config)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_engine(tmp_path / "crashed", args, config=config,
-                   hook_generator=lambda cfg: default_hook_generator(cfg) + [CrashAfter()])
+                   hook_generator=crash_hooks_at(1))
     run_engine(tmp_path / "crashed", args + ["config.CHECKPOINT.AUTO_RESUME=true"], config=config)
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed")
     for name in straight:
