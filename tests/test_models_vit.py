@@ -320,3 +320,37 @@ def test_without_class_token_linear_eval_on_named_pool_layer():
     assert list(layers) == ["concatPOOL4", "lastPOOL"]
     torch.testing.assert_close(layers["concatPOOL4"], expected[0])
     torch.testing.assert_close(layers["lastPOOL"], expected[1])
+
+
+def test_conv_stem_replaces_the_patchify_layer():
+    """HYBRID.CONV_STEM [8, 16, 16] with 4x4 patches: two stride-2 and one stride-1 3x3
+    conv-BN-ReLU layers and a 1x1 conv to D, then the ViT as before (computed by hand)."""
+    trunk = make_model(HYBRID={"CONV_STEM": [8, 16, 16]}).trunk.eval()
+    convs = [m for m in trunk.vit.patch_embed.proj if isinstance(m, torch.nn.Conv2d)]
+    norms = [m for m in trunk.vit.patch_embed.proj if isinstance(m, torch.nn.BatchNorm2d)]
+    x = images()
+    h = x
+    for conv, norm, stride in zip(convs, norms, (2, 2, 1)):
+        h = F.conv2d(h, conv.weight, None, stride=stride, padding=1)
+        h = F.relu(F.batch_norm(h, norm.running_mean, norm.running_var, norm.weight, norm.bias,
+                                False, 0.0, norm.eps))
+    h = F.conv2d(h, convs[-1].weight, convs[-1].bias)
+    assert h.shape == (3, D, 4, 4) and len(convs) == 4
+    vit = trunk.vit
+    tokens = torch.cat([vit.cls_token.expand(3, -1, -1), h.flatten(2).transpose(1, 2)], dim=1)
+    tokens = tokens + vit.pos_embed
+    for block in vit.blocks:
+        tokens = block(tokens)
+    with torch.no_grad():
+        (cls,) = trunk(x, ["lastCLS"])
+    torch.testing.assert_close(cls, vit.norm(tokens)[:, 0])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(PATCH_SIZE=3, IMAGE_SIZE=15), "power of 2"),
+    (dict(HYBRID={"CONV_STEM": [8]}), "at least log2"),
+])
+def test_conv_stem_refuses_a_stride_it_cannot_reach(overrides, message):
+    overrides.setdefault("HYBRID", {"CONV_STEM": [8, 16]})
+    with pytest.raises(ValueError, match=message):
+        make_model(**overrides)

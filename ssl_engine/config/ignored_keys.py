@@ -28,8 +28,6 @@ IGNORED_KEYS: Dict[str, str] = {
     "config.MODEL.WEIGHTS_INIT.PARAM_FILE":
         "a misspelling of MODEL.WEIGHTS_INIT.PARAMS_FILE: VISSL loaded no weights from it "
         "(write PARAMS_FILE to load them)",
-    "config.MODEL.TRUNK.VISION_TRANSFORMERS.HYBRID":
-        f"{_UNREAD}: VISSL's vision_transformer trunk has no hybrid (CNN stem) variant",
     "config.MODEL.TRUNK.VISION_TRANSFORMERS.CONVIT":
         f"{_UNREAD}: ConViT is the convit trunk, set by MODEL.TRUNK.CONVIT",
     "config.MODEL.TRUNK.CONVIT.QKV_BIAS":

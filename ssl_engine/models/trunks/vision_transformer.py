@@ -27,6 +27,7 @@ import torch
 
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
+from ssl_engine.models.trunks.conv_stem import conv_stem
 from ssl_engine.models.trunks.base import StagedTrunk
 
 CONFIG = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
@@ -146,6 +147,9 @@ class VisionTransformerTrunk(StagedTrunk):
             attn_drop_rate=float(cfg.ATTENTION_DROPOUT_RATE),
             drop_path_rate=float(cfg.DROP_PATH_RATE),
         )
+        stem = (cfg.get("HYBRID") or {}).get("CONV_STEM") or []
+        if stem:  # a convolutional stem instead of the patchify convolution (conv_stem.py)
+            self.vit.patch_embed.proj = conv_stem(stem, patch_size, hidden_dim)
         # MODEL.ACTIVATION_CHECKPOINTING recomputes every block too (timm checkpoints per block)
         self.vit.set_grad_checkpointing(bool(cfg.get("CHECKPOINT_BLOCK", False))
                                         or bool(checkpointing_splits(model_cfg)))
