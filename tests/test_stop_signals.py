@@ -90,10 +90,10 @@ def test_sigterm_saves_the_step_and_the_resumed_run_ends_bit_exact(tmp_path):
 
 def test_ctrl_c_to_two_processes_and_their_workers_stops_them_at_one_step(tmp_path):
     """SIGINT to the whole process group (a terminal's Ctrl-C: the launcher, both processes and
-    their data-loader workers get it): both processes stop after the same step; the resumed
-    run ends with the weights of an uninterrupted one (one epoch of 4 steps)."""
+    their data-loader workers get it): both processes stop after the same step and save it.
+    (That a run resumed from such a checkpoint ends bit-exact is the SIGTERM test's claim, and
+    the two-process resume tests'.)"""
     args = [*TWO_PROCS, "config.DATA.NUM_DATALOADER_WORKERS=1", "config.OPTIMIZER.num_epochs=1"]
-    _run(tmp_path / "straight", args)
     folder = tmp_path / "stopped"
     proc, _ = _start_waiting(folder, args, wait_at=2, go_on_signal=True)
     os.killpg(proc.pid, signal.SIGINT)
@@ -101,10 +101,8 @@ def test_ctrl_c_to_two_processes_and_their_workers_stops_them_at_one_step(tmp_pa
     assert proc.returncode == 130, err
     # the processes agree on the step after the one where they saw the signal
     assert err.strip().splitlines() == [_stop_line("SIGINT", folder, 3)]
+    assert os.readlink(folder / "checkpoint.torch") == "model_iteration3.torch"
     assert _leftovers(folder) == []
-
-    _run(folder, [*args, "config.CHECKPOINT.AUTO_RESUME=true"])
-    _assert_weights_equal(tmp_path / "straight", folder)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
