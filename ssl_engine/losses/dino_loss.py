@@ -32,6 +32,29 @@ def without_stochastic_depth(network: torch.nn.Module) -> None:
             module.drop_prob = 0.0
 
 
+def crop_rows(inputs, crops: Sequence[int], num_crops: int, num_crops_key: str):
+    """The rows of the first crops ``crops`` (``[0, 1, ..., T-1]``) of a crop-major model input
+    (a tensor or a list of resolution groups, each ``crops_in_group * B`` rows): whole groups
+    where a group holds only those crops, else those crops' rows of it; one tensor when one
+    group is selected, else the list."""
+    groups = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+    rows = sum(group.shape[0] for group in groups)
+    if rows % num_crops:
+        raise ValueError(f"the loss got {rows} input rows, not a multiple of num_crops="
+                         f"{num_crops} ({num_crops_key})")
+    batch_size = rows // num_crops
+    selected, first = [], 0
+    for group in groups:
+        group_crops = group.shape[0] // batch_size
+        chosen = [c - first for c in crops if first <= c < first + group_crops]
+        if len(chosen) == group_crops:
+            selected.append(group)
+        elif chosen:
+            selected.append(group[chosen[0] * batch_size:(chosen[-1] + 1) * batch_size])
+        first += group_crops
+    return selected[0] if len(selected) == 1 else selected
+
+
 @register_loss("dino_loss")
 class DINOLoss(MomentumTargetLoss):
     """The model gives the ``dino_head``'s scores for all ``num_crops * B`` rows, crop-major
@@ -93,25 +116,9 @@ class DINOLoss(MomentumTargetLoss):
         without_stochastic_depth(self.target_network)
 
     def target_input(self, batch):
-        """The rows of the teacher's crops: whole input tensors (resolution groups) where a
-        group holds only teacher crops, else the teacher crops' rows of it."""
-        inputs = batch["input"]
-        groups = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
-        rows = sum(group.shape[0] for group in groups)
-        if rows % self.num_crops:
-            raise ValueError(f"dino_loss got {rows} input rows, not a multiple of num_crops="
-                             f"{self.num_crops} (LOSS.dino_loss.num_crops)")
-        batch_size = rows // self.num_crops
-        selected, first = [], 0
-        for group in groups:
-            crops = group.shape[0] // batch_size
-            chosen = [c - first for c in self.crops_for_teacher if first <= c < first + crops]
-            if len(chosen) == crops:
-                selected.append(group)
-            elif chosen:
-                selected.append(group[chosen[0] * batch_size:(chosen[-1] + 1) * batch_size])
-            first += crops
-        return selected[0] if len(selected) == 1 else selected
+        """The rows of the teacher's crops (``crop_rows``)."""
+        return crop_rows(batch["input"], self.crops_for_teacher, self.num_crops,
+                         "LOSS.dino_loss.num_crops")
 
     # ------------------------------------------------------------------ the loss
     def teacher_temp_at(self, iteration: int) -> float:

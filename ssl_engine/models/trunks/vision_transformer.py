@@ -28,6 +28,7 @@ import torch
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.msn_patch_drop import msn_patch_drop
 
 CONFIG = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 # VISION_TRANSFORMERS.name -> (PATCH_SIZE, NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM); the
@@ -67,9 +68,9 @@ def _check_unsupported(cfg) -> None:
         raise _not_supported("CHECKPOINT_MLP", cfg.CHECKPOINT_MLP,
                              "use CHECKPOINT_BLOCK=true to recompute whole blocks instead")
     masking = (cfg.get("MASKED_IMAGE_MODELING") or {}).get("NAME", "")
-    if masking:
+    if masking and masking != "msn":
         raise _not_supported("MASKED_IMAGE_MODELING.NAME", masking,
-                             "the trunk has no patch masking (iBOT, MSN)")
+                             "the trunk's only patch masking is msn (MSN's patch drop)")
 
 
 def _sizes(cfg) -> Tuple[int, int, int, int, int]:
@@ -146,6 +147,9 @@ class VisionTransformerTrunk(StagedTrunk):
             attn_drop_rate=float(cfg.ATTENTION_DROPOUT_RATE),
             drop_path_rate=float(cfg.DROP_PATH_RATE),
         )
+        masking = cfg.get("MASKED_IMAGE_MODELING") or {}
+        if masking.get("NAME") == "msn":  # timm's patch-dropout slot: after the positions
+            self.vit.patch_drop = msn_patch_drop(masking.get("PARAMS"), self.vit.num_prefix_tokens)
         # MODEL.ACTIVATION_CHECKPOINTING recomputes every block too (timm checkpoints per block)
         self.vit.set_grad_checkpointing(bool(cfg.get("CHECKPOINT_BLOCK", False))
                                         or bool(checkpointing_splits(model_cfg)))
