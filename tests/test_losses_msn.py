@@ -2,6 +2,7 @@
 Sinkhorn-Knopp and the mean-entropy term), msn_head, the trunk's patch drop (what it keeps, its
 seeding, replay after a resume, off in evaluation and in the target network), the target's
 input and network, and the settings taken from the config."""
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ from ssl_engine.models.heads.msn_head import MSNHead
 from ssl_engine.models.trunks.msn_patch_drop import PatchDrop, msn_patch_drop
 
 K, DIM = 12, 8
+REPO = Path(__file__).resolve().parents[1]
 
 
 def randn(*shape, seed: int) -> torch.Tensor:
@@ -178,3 +180,22 @@ def test_the_last_head_must_be_msn_head_before_launch(tmp_path, capsys):
                  "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[32,16]}]]"])
     assert code == 2
     assert "msn_loss needs msn_head as the last head" in capsys.readouterr().err
+
+
+VISSL_RECIPE = REPO.parent / "shared/vissl/configs/config/pretrain/msn/msn_deits16.yaml"
+
+
+@pytest.mark.skipif(not VISSL_RECIPE.is_file(), reason="VISSL's configs are not beside the repo")
+def test_vissl_msn_recipe_validates_as_written(tmp_path, monkeypatch):
+    from ssl_engine.config import load_config
+
+    configs = tmp_path / "configs" / "config"
+    (configs / "pretrain/msn").mkdir(parents=True)
+    (configs / "defaults.yaml").write_text((REPO / "configs/config/defaults.yaml").read_text())
+    (configs / "pretrain/msn/msn_deits16.yaml").write_text(VISSL_RECIPE.read_text())
+    monkeypatch.setenv("SSL_ENGINE_CONFIG_DIR", str(tmp_path / "configs"))
+    _, cfg = load_config(["config=pretrain/msn/msn_deits16", "config.MACHINE.DEVICE=cpu",
+                          f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path}]"])
+    assert (cfg.LOSS.msn_loss.num_crops, cfg.LOSS.msn_loss.output_dim) == (10, 1024)
+    assert dict(cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.PARAMS) == {
+        "drop_ratio": 0.7, "seed": 0}

@@ -88,9 +88,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
         "use OPTIMIZER.lr_multipliers (e.g. [[heads, 10.0]])",
     "config.OPTIMIZER.head_optimizer_params.use_different_wd":
         "a separate weight decay for the heads is not implemented",
-    "config.OPTIMIZER.param_group_constructor": also(
-        "the parameter groups are default, dino or linear_eval_heads (layer-wise lr decay, "
-        "lr_decay, is not implemented)", "dino", "linear_eval_heads"),
     "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":
         "the lr is scaled linearly with the batch",
     # EXTRACT_FEATURES
