@@ -12,12 +12,27 @@ averaged over the samples and the pairs.  ``teacher_temp`` rises linearly from
 ``teacher_temp_warmup_iters - 1``), then stays there.  After every training loss the center
 moves towards the mean teacher output of the global batch:
 ``center = ema_center * center + (1 - ema_center) * mean``.
+
+DINOv2's options (``losses/dinov2_terms.py``): ``centering: sinkhorn_knopp`` replaces the
+center by ``sinkhorn_iterations`` Sinkhorn-Knopp iterations over the global batch of teacher
+rows (at the teacher temperature; the center then stays unused); ``koleo_loss_weight > 0``
+adds ``koleo_loss_weight * sum over the teacher's crops of KoLeo(the student's trunk features
+of that crop)``, which needs the trunk's features as the first model output (heads
+``[[identity, {}], [dino_head, {...}]]`` with MODEL.HEAD.OUTPUT_HEADS ``[0, 1]``).  KoLeo
+reads this rank's rows only, as DINOv2 does: 2 processes with B rows each differ from one
+with 2B.
 """
 from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.losses.dinov2_terms import (
+    CENTERINGS,
+    centered_targets,
+    koleo_loss,
+    sinkhorn_knopp_targets,
+)
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
@@ -73,8 +88,16 @@ class DINOLoss(MomentumTargetLoss):
                  teacher_temp_min: float = 0.04, teacher_temp_max: float = 0.07,
                  teacher_temp_warmup_iters: int = 37500,
                  crops_for_teacher: Sequence[int] = (0, 1), ema_center: float = 0.9,
-                 output_dim: int = 65536, num_crops: int = 2):
+                 output_dim: int = 65536, num_crops: int = 2, centering: str = "centering",
+                 sinkhorn_iterations: int = 3, koleo_loss_weight: float = 0.0):
         super().__init__(momentum, "cosine")
+        if centering not in CENTERINGS:
+            raise ValueError(f"dino_loss: centering must be one of {', '.join(CENTERINGS)}, "
+                             f"got {centering!r}")
+        if sinkhorn_iterations < 1 or koleo_loss_weight < 0:
+            raise ValueError(f"dino_loss: sinkhorn_iterations must be >= 1 and "
+                             f"koleo_loss_weight >= 0, got {sinkhorn_iterations} and "
+                             f"{koleo_loss_weight}")
         crops_for_teacher = [int(c) for c in crops_for_teacher]
         if min(student_temp, teacher_temp_min, teacher_temp_max) <= 0:
             raise ValueError(f"dino_loss: temperatures must be > 0, got student_temp="
@@ -101,6 +124,9 @@ class DINOLoss(MomentumTargetLoss):
         self.ema_center = float(ema_center)
         self.output_dim = int(output_dim)
         self.num_crops = int(num_crops)
+        self.centering = centering
+        self.sinkhorn_iterations = int(sinkhorn_iterations)
+        self.koleo_loss_weight = float(koleo_loss_weight)
         self.register_buffer("center", torch.zeros(1, self.output_dim))
         self._last_statistics: Dict[str, torch.Tensor] = {}
 
@@ -150,7 +176,10 @@ class DINOLoss(MomentumTargetLoss):
                 f"and the student {student.shape[0]} rows for num_crops={self.num_crops}: "
                 "check LOSS.dino_loss.crops_for_teacher and num_crops against the transforms")
         temperature = self.teacher_temp_at(self.step_context.iteration)
-        targets = F.softmax((teacher - self.center) / temperature, dim=1)
+        if self.centering == "sinkhorn_knopp":
+            targets = sinkhorn_knopp_targets(teacher, temperature, self.sinkhorn_iterations)
+        else:
+            targets = centered_targets(teacher, self.center, temperature)
         log_probs = F.log_softmax(student / self.student_temp, dim=1)
         # [teacher crop, student crop]: cross-entropies summed over the samples
         cross = -torch.einsum("tbk,sbk->ts", targets.view(teachers, batch, -1),
@@ -161,10 +190,23 @@ class DINOLoss(MomentumTargetLoss):
         per_teacher_crop = (cross * other_crop).sum(dim=1) / (pairs * batch)
         terms = {f"teacher_crop{crop}": per_teacher_crop[index]
                  for index, crop in enumerate(self.crops_for_teacher)}
-        if self.step_context.train:
+        if self.koleo_loss_weight > 0:
+            terms["koleo"] = self.koleo_loss_weight * self._koleo(output, teachers, batch)
+        if self.step_context.train and self.centering == "centering":
             self.update_center(teacher)
         self._statistics(targets.detach())
         return total_of(self, terms)
+
+    def _koleo(self, output, teachers: int, batch: int) -> torch.Tensor:
+        """KoLeo of the student's trunk features (the first model output), summed over the
+        teacher's crops."""
+        outputs = as_output_list(output)
+        if len(outputs) < 2 or outputs[0].shape[0] != self.num_crops * batch:
+            raise ValueError("dino_loss: koleo_loss_weight > 0 needs the trunk's features as the "
+                             "first model output: config.MODEL.HEAD.PARAMS [[identity, {}], "
+                             "[dino_head, {...}]] and config.MODEL.HEAD.OUTPUT_HEADS [0, 1]")
+        features = outputs[0][:teachers * batch]
+        return sum(koleo_loss(crop) for crop in features.chunk(teachers))
 
     # ------------------------------------------------------------------ collapse monitor
     # the model's output are prototype scores, not an embedding: the monitor reads the
