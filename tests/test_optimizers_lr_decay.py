@@ -74,6 +74,9 @@ def test_lr_multipliers_multiply_the_decay_and_bad_settings_are_refused():
     for name, param in model.named_parameters():
         expected = expected_scale(name, 0.5, 2) * (10.0 if name.startswith("heads") else 1.0)
         assert multipliers[id(param)] == pytest.approx(expected), name
+    with pytest.raises(ValueError, match="cannot take the layer-wise lr decay"):
+        get_optimizer_param_groups(model, 0.0, False, True, constructor="lr_decay",
+                                   single_group=True)
     with pytest.raises(ValueError, match=r"layer_wise_lr_decay.decay must be in \(0, 1\]"):
         layer_lr_scales(["blocks.0.w"], 1.5)
     with pytest.raises(ValueError, match="needs a transformer trunk"):

@@ -106,6 +106,10 @@ def get_optimizer_param_groups(
         return linear_eval_head_groups(model, weight_decay, regularize_bn, regularize_bias,
                                        linear_eval_heads)
     if single_group:
+        if constructor == "lr_decay":
+            raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
+                             "parameter in one group: it cannot take the layer-wise lr decay of "
+                             "param_group_constructor=lr_decay")
         if lr_multipliers:
             raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
                              "parameter in one group: it cannot take "

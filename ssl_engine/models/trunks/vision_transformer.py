@@ -20,6 +20,9 @@ The ``concat*4`` outputs exist when the trunk has at least 4 blocks.
 ``USE_CLASS_TOKEN: false`` (VISSL's ViT without a class token): the tokens are the patches
 only (position embeddings for the patches alone, as timm's ``class_token=False``); the
 outputs are then ``lastPOOL`` (the default) and ``concatPOOL4``, the CLS ones being refused.
+
+``MASKED_IMAGE_MODELING: {NAME: msn, PARAMS: {drop_ratio}}``: MSN's random patch drop while
+training, put in timm's patch-dropout slot (``trunks/msn_patch_drop.py``).
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
