@@ -199,3 +199,58 @@ def test_vissl_msn_recipe_validates_as_written(tmp_path, monkeypatch):
     assert (cfg.LOSS.msn_loss.num_crops, cfg.LOSS.msn_loss.output_dim) == (10, 1024)
     assert dict(cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.PARAMS) == {
         "drop_ratio": 0.7, "seed": 0}
+
+
+# ---------------------------------------------------------------- 2 processes against 1
+WORLD_SIZE, LOCAL, CROPS = 2, 3, 3
+
+
+def rank_rows(rank: int, crops: int) -> torch.Tensor:
+    """The rows of a global crop-major batch that ``rank`` holds (its LOCAL samples of every
+    crop), crop-major."""
+    total = WORLD_SIZE * LOCAL
+    return torch.tensor([c * total + rank * LOCAL + s for c in range(crops)
+                         for s in range(LOCAL)])
+
+
+def msn_loss_and_grad(student, teacher):
+    """MSN's loss with Sinkhorn-Knopp and the mean-entropy term, and the student's gradient."""
+    loss_fn = MSNLoss(output_dim=K, num_crops=CROPS, me_max_weight=2.0, sinkhorn_iterations=3)
+    student = student.clone().requires_grad_(True)
+    loss_fn.target_output = teacher
+    loss = loss_fn([student])
+    loss.backward()
+    return loss.detach(), student.grad
+
+
+def run_rank(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=WORLD_SIZE)
+    try:
+        student = randn(CROPS * WORLD_SIZE * LOCAL, K, seed=60)
+        teacher = randn(WORLD_SIZE * LOCAL, K, seed=61)
+        loss, grad = msn_loss_and_grad(student[rank_rows(rank, CROPS)],
+                                       teacher[rank_rows(rank, 1)])
+        torch.save({"loss": loss, "grad": grad / WORLD_SIZE},  # DDP averages over ranks
+                   f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_match_one_process(tmp_path):
+    """Sinkhorn-Knopp and the mean-entropy term run over the global batch, the latter with a
+    gradient that reaches every rank: the averaged gradients are one process's."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(run_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD_SIZE,
+             join=True)
+    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    full_loss, full_grad = msn_loss_and_grad(randn(CROPS * WORLD_SIZE * LOCAL, K, seed=60),
+                                             randn(WORLD_SIZE * LOCAL, K, seed=61))
+    assert sum(r["loss"] for r in per_rank).item() / WORLD_SIZE == pytest.approx(
+        full_loss.item(), rel=1e-5)
+    for rank, results in enumerate(per_rank):
+        torch.testing.assert_close(results["grad"], full_grad[rank_rows(rank, CROPS)],
+                                   rtol=1e-5, atol=1e-8)
