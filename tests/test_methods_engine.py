@@ -4,14 +4,16 @@ included); 2 processes with half the batch each train like 1 process with the wh
 (SwAV's config adds multi-crop, a queue used from the second iteration and prototypes
 frozen during the first update; DINO's multi-crop with a teacher on the global crops, a last
 layer frozen during the first update, AdamW with a weight-decay schedule and gradient
-clipping.)"""
+clipping; MSN's ViT whose student drops patches, drawn anew each step, and a target network
+on the first crop, with Sinkhorn-Knopp and the mean-entropy term over the global batch.)"""
 import pytest
 import torch
 
 from engine_utils import crash_hooks_at, final_weights, metrics, run_engine, step_losses
 from ssl_engine.checkpoint import load_checkpoint
 
-METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino"]
+METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino",
+           "msn"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -24,7 +26,8 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "barlow_twins": {"on_diagonal", "off_diagonal"},
          "vicreg": {"invariance", "variance", "covariance"},
          "swav": {"assign_crop0", "assign_crop1"},
-         "dino": {"teacher_crop0", "teacher_crop1"}}
+         "dino": {"teacher_crop0", "teacher_crop1"},
+         "msn": {"cross_entropy", "me_max"}}
 
 
 def loss_state(checkpoint_dir):
@@ -53,7 +56,7 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
     records = [r for r in metrics(tmp_path / "straight") if r.get("phase") == "train"]
     for record in records:  # the collapse monitor logs beside the loss (DINO: its teacher's
         # entropy instead of the spread of its output, which are prototype scores)
-        key = "teacher_entropy" if method == "dino" else "embedding_std"
+        key = "teacher_entropy" if method in ("dino", "msn") else "embedding_std"
         assert 0 < record["monitor"][key] < 2
     if method in TERMS:  # named terms, averaged over ranks, add up to the loss
         for record in records:

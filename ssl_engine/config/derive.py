@@ -153,19 +153,24 @@ def crops_per_sample(transforms) -> int:
 
 
 def _derive_loss_settings(cfg: AttrDict) -> None:
-    """SwAV's and DINO's num_crops from the training transforms and DINO's output_dim from its
-    head's num_clusters, as VISSL infers them."""
+    """SwAV's, DINO's and MSN's num_crops from the training transforms, DINO's and MSN's
+    output_dim from their head's num_clusters / num_prototypes, as VISSL infers them; the seed
+    of MSN's patch drop from SEED_VALUE unless its PARAMS give one."""
     name = cfg.LOSS.name
-    if name in ("swav_loss", "dino_loss") and not cfg.TEST_ONLY:
+    if name in ("swav_loss", "dino_loss", "msn_loss") and not cfg.TEST_ONLY:
         crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
         if crops:
             cfg.LOSS[name].num_crops = crops
-    if name == "dino_loss" and cfg.MODEL.HEAD.PARAMS:
+    if name in ("dino_loss", "msn_loss") and cfg.MODEL.HEAD.PARAMS:
         head = cfg.MODEL.HEAD.PARAMS[-1]
         params = head[1] if isinstance(head, (list, tuple)) and len(head) == 2 else None
-        clusters = params.get("num_clusters") if isinstance(params, dict) else None
-        if clusters:
-            cfg.LOSS.dino_loss.output_dim = int(clusters[0])
+        key = "num_clusters" if name == "dino_loss" else "num_prototypes"
+        size = params.get(key) if isinstance(params, dict) else None
+        if size:
+            cfg.LOSS[name].output_dim = int(size[0] if isinstance(size, (list, tuple)) else size)
+    masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
+    if masking.NAME == "msn" and "seed" not in (masking.PARAMS or {}):
+        masking.PARAMS = {**(masking.PARAMS or {}), "seed": int(cfg.SEED_VALUE)}
 
 
 def _check_ema_model(cfg: AttrDict) -> None:

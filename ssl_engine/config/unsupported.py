@@ -88,9 +88,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
         "use OPTIMIZER.lr_multipliers (e.g. [[heads, 10.0]])",
     "config.OPTIMIZER.head_optimizer_params.use_different_wd":
         "a separate weight decay for the heads is not implemented",
-    "config.OPTIMIZER.param_group_constructor": also(
-        "the parameter groups are default, dino or linear_eval_heads (layer-wise lr decay, "
-        "lr_decay, is not implemented)", "dino", "linear_eval_heads"),
     "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":
         "the lr is scaled linearly with the batch",
     # EXTRACT_FEATURES
@@ -136,7 +133,7 @@ UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (
             "nce_loss_with_memory", "multicrop_simclr_info_nce_loss", "swav_momentum_loss",
-            "ibot_loss", "msn_loss", "deepclusterv2_loss", "bce_logits_multiple_output_single_target",
+            "ibot_loss", "deepclusterv2_loss", "bce_logits_multiple_output_single_target",
             "distillation_loss", "swav_distillation_loss", "dino_distillation_loss",
             "ibot_distillation_loss", "msn_distillation_loss")},
         "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "

@@ -13,6 +13,7 @@ from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
 from ssl_engine.losses.dino_loss import DINOLoss
 from ssl_engine.losses.moco_loss import MoCoLoss
 from ssl_engine.losses.moco_v3_loss import MoCoV3Loss
+from ssl_engine.losses.msn_loss import MSNLoss
 from ssl_engine.losses.simclr_info_nce_loss import SimclrInfoNCELoss
 from ssl_engine.losses.simsiam_loss import SimSiamLoss
 from ssl_engine.losses.swav_loss import SwAVLoss
@@ -44,6 +45,7 @@ __all__ = [
     "DINOLoss",
     "MoCoLoss",
     "MoCoV3Loss",
+    "MSNLoss",
     "SimSiamLoss",
     "SwAVLoss",
     "VICRegLoss",

@@ -12,12 +12,27 @@ averaged over the samples and the pairs.  ``teacher_temp`` rises linearly from
 ``teacher_temp_warmup_iters - 1``), then stays there.  After every training loss the center
 moves towards the mean teacher output of the global batch:
 ``center = ema_center * center + (1 - ema_center) * mean``.
+
+DINOv2's options (``losses/dinov2_terms.py``): ``centering: sinkhorn_knopp`` replaces the
+center by ``sinkhorn_iterations`` Sinkhorn-Knopp iterations over the global batch of teacher
+rows (at the teacher temperature; the center then stays unused); ``koleo_loss_weight > 0``
+adds ``koleo_loss_weight * sum over the teacher's crops of KoLeo(the student's trunk features
+of that crop)``, which needs the trunk's features as the first model output (heads
+``[[identity, {}], [dino_head, {...}]]`` with MODEL.HEAD.OUTPUT_HEADS ``[0, 1]``).  KoLeo
+reads this rank's rows only, as DINOv2 does: 2 processes with B rows each differ from one
+with 2B.
 """
 from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.losses.dinov2_terms import (
+    CENTERINGS,
+    centered_targets,
+    koleo_loss,
+    sinkhorn_knopp_targets,
+)
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
@@ -30,6 +45,29 @@ def without_stochastic_depth(network: torch.nn.Module) -> None:
     for module in network.modules():
         if hasattr(module, "drop_prob"):
             module.drop_prob = 0.0
+
+
+def crop_rows(inputs, crops: Sequence[int], num_crops: int, num_crops_key: str):
+    """The rows of the first crops ``crops`` (``[0, 1, ..., T-1]``) of a crop-major model input
+    (a tensor or a list of resolution groups, each ``crops_in_group * B`` rows): whole groups
+    where a group holds only those crops, else those crops' rows of it; one tensor when one
+    group is selected, else the list."""
+    groups = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+    rows = sum(group.shape[0] for group in groups)
+    if rows % num_crops:
+        raise ValueError(f"the loss got {rows} input rows, not a multiple of num_crops="
+                         f"{num_crops} ({num_crops_key})")
+    batch_size = rows // num_crops
+    selected, first = [], 0
+    for group in groups:
+        group_crops = group.shape[0] // batch_size
+        chosen = [c - first for c in crops if first <= c < first + group_crops]
+        if len(chosen) == group_crops:
+            selected.append(group)
+        elif chosen:
+            selected.append(group[chosen[0] * batch_size:(chosen[-1] + 1) * batch_size])
+        first += group_crops
+    return selected[0] if len(selected) == 1 else selected
 
 
 @register_loss("dino_loss")
@@ -50,8 +88,16 @@ class DINOLoss(MomentumTargetLoss):
                  teacher_temp_min: float = 0.04, teacher_temp_max: float = 0.07,
                  teacher_temp_warmup_iters: int = 37500,
                  crops_for_teacher: Sequence[int] = (0, 1), ema_center: float = 0.9,
-                 output_dim: int = 65536, num_crops: int = 2):
+                 output_dim: int = 65536, num_crops: int = 2, centering: str = "centering",
+                 sinkhorn_iterations: int = 3, koleo_loss_weight: float = 0.0):
         super().__init__(momentum, "cosine")
+        if centering not in CENTERINGS:
+            raise ValueError(f"dino_loss: centering must be one of {', '.join(CENTERINGS)}, "
+                             f"got {centering!r}")
+        if sinkhorn_iterations < 1 or koleo_loss_weight < 0:
+            raise ValueError(f"dino_loss: sinkhorn_iterations must be >= 1 and "
+                             f"koleo_loss_weight >= 0, got {sinkhorn_iterations} and "
+                             f"{koleo_loss_weight}")
         crops_for_teacher = [int(c) for c in crops_for_teacher]
         if min(student_temp, teacher_temp_min, teacher_temp_max) <= 0:
             raise ValueError(f"dino_loss: temperatures must be > 0, got student_temp="
@@ -78,6 +124,9 @@ class DINOLoss(MomentumTargetLoss):
         self.ema_center = float(ema_center)
         self.output_dim = int(output_dim)
         self.num_crops = int(num_crops)
+        self.centering = centering
+        self.sinkhorn_iterations = int(sinkhorn_iterations)
+        self.koleo_loss_weight = float(koleo_loss_weight)
         self.register_buffer("center", torch.zeros(1, self.output_dim))
         self._last_statistics: Dict[str, torch.Tensor] = {}
 
@@ -93,25 +142,9 @@ class DINOLoss(MomentumTargetLoss):
         without_stochastic_depth(self.target_network)
 
     def target_input(self, batch):
-        """The rows of the teacher's crops: whole input tensors (resolution groups) where a
-        group holds only teacher crops, else the teacher crops' rows of it."""
-        inputs = batch["input"]
-        groups = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
-        rows = sum(group.shape[0] for group in groups)
-        if rows % self.num_crops:
-            raise ValueError(f"dino_loss got {rows} input rows, not a multiple of num_crops="
-                             f"{self.num_crops} (LOSS.dino_loss.num_crops)")
-        batch_size = rows // self.num_crops
-        selected, first = [], 0
-        for group in groups:
-            crops = group.shape[0] // batch_size
-            chosen = [c - first for c in self.crops_for_teacher if first <= c < first + crops]
-            if len(chosen) == crops:
-                selected.append(group)
-            elif chosen:
-                selected.append(group[chosen[0] * batch_size:(chosen[-1] + 1) * batch_size])
-            first += crops
-        return selected[0] if len(selected) == 1 else selected
+        """The rows of the teacher's crops (``crop_rows``)."""
+        return crop_rows(batch["input"], self.crops_for_teacher, self.num_crops,
+                         "LOSS.dino_loss.num_crops")
 
     # ------------------------------------------------------------------ the loss
     def teacher_temp_at(self, iteration: int) -> float:
@@ -143,7 +176,10 @@ class DINOLoss(MomentumTargetLoss):
                 f"and the student {student.shape[0]} rows for num_crops={self.num_crops}: "
                 "check LOSS.dino_loss.crops_for_teacher and num_crops against the transforms")
         temperature = self.teacher_temp_at(self.step_context.iteration)
-        targets = F.softmax((teacher - self.center) / temperature, dim=1)
+        if self.centering == "sinkhorn_knopp":
+            targets = sinkhorn_knopp_targets(teacher, temperature, self.sinkhorn_iterations)
+        else:
+            targets = centered_targets(teacher, self.center, temperature)
         log_probs = F.log_softmax(student / self.student_temp, dim=1)
         # [teacher crop, student crop]: cross-entropies summed over the samples
         cross = -torch.einsum("tbk,sbk->ts", targets.view(teachers, batch, -1),
@@ -154,10 +190,23 @@ class DINOLoss(MomentumTargetLoss):
         per_teacher_crop = (cross * other_crop).sum(dim=1) / (pairs * batch)
         terms = {f"teacher_crop{crop}": per_teacher_crop[index]
                  for index, crop in enumerate(self.crops_for_teacher)}
-        if self.step_context.train:
+        if self.koleo_loss_weight > 0:
+            terms["koleo"] = self.koleo_loss_weight * self._koleo(output, teachers, batch)
+        if self.step_context.train and self.centering == "centering":
             self.update_center(teacher)
         self._statistics(targets.detach())
         return total_of(self, terms)
+
+    def _koleo(self, output, teachers: int, batch: int) -> torch.Tensor:
+        """KoLeo of the student's trunk features (the first model output), summed over the
+        teacher's crops."""
+        outputs = as_output_list(output)
+        if len(outputs) < 2 or outputs[0].shape[0] != self.num_crops * batch:
+            raise ValueError("dino_loss: koleo_loss_weight > 0 needs the trunk's features as the "
+                             "first model output: config.MODEL.HEAD.PARAMS [[identity, {}], "
+                             "[dino_head, {...}]] and config.MODEL.HEAD.OUTPUT_HEADS [0, 1]")
+        features = outputs[0][:teachers * batch]
+        return sum(koleo_loss(crop) for crop in features.chunk(teachers))
 
     # ------------------------------------------------------------------ collapse monitor
     # the model's output are prototype scores, not an embedding: the monitor reads the

@@ -5,11 +5,13 @@ from typing import Callable, Dict, List, Sequence, Union
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _NormBase
 
+from ssl_engine.optimizers.lr_decay import layer_lr_scales
+
 # BatchNorm*, SyncBatchNorm and InstanceNorm* derive from _NormBase.
 NORM_LAYER_TYPES = (_NormBase, nn.GroupNorm, nn.LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
-PARAM_GROUP_CONSTRUCTORS = ("default", "dino", "linear_eval_heads")
+PARAM_GROUP_CONSTRUCTORS = ("default", "dino", "linear_eval_heads", "lr_decay")
 HEAD_INDEX = re.compile(r"^(?:module\.)?heads\.(\d+)\.")
 
 
@@ -66,6 +68,7 @@ def get_optimizer_param_groups(
     regularize_bn: bool, regularize_bias: bool, lr_multipliers: Sequence[Sequence] = (),
     single_group: bool = False, constructor: str = "default",
     linear_eval_heads: Sequence[Dict] = (), non_regularized: Sequence[str] = (),
+    lr_decay: float = 0.9,
 ) -> List[Dict]:
     """``[{"params", "weight_decay", "lr_multiplier"}, ...]`` for the parameters that require
     gradients.
@@ -84,7 +87,9 @@ def get_optimizer_param_groups(
     ``constructor`` (OPTIMIZER.param_group_constructor): ``default`` as above; ``dino`` (DINO's
     rule, VISSL's name) exempts every parameter whose name ends with ``.bias`` or contains
     ``norm``, whatever ``regularize_bn`` and ``regularize_bias`` say; ``linear_eval_heads``:
-    see ``linear_eval_head_groups``.
+    see ``linear_eval_head_groups``; ``lr_decay``: as ``default``, with each parameter's lr
+    multiplier also scaled by its layer's ``lr_decay`` power (``optimizers/lr_decay.py``,
+    OPTIMIZER.layer_wise_lr_decay.decay).
 
     ``non_regularized`` (OPTIMIZER.non_regularized_parameters, e.g. ``[pos_embedding,
     class_token]``): a parameter whose name contains one of these strings gets no weight
@@ -101,6 +106,10 @@ def get_optimizer_param_groups(
         return linear_eval_head_groups(model, weight_decay, regularize_bn, regularize_bias,
                                        linear_eval_heads)
     if single_group:
+        if constructor == "lr_decay":
+            raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
+                             "parameter in one group: it cannot take the layer-wise lr decay of "
+                             "param_group_constructor=lr_decay")
         if lr_multipliers:
             raise ValueError("config.OPTIMIZER.construct_single_param_group_only=true puts every "
                              "parameter in one group: it cannot take "
@@ -110,13 +119,16 @@ def get_optimizer_param_groups(
                  weight_decay if callable(weight_decay) else float(weight_decay)}]
     non_regularized = resolve_name_parts(model, non_regularized)
     groups: Dict[tuple, List] = {}
-    for full_name, name, param, is_norm in trainable_parameters(model):
+    trainable = trainable_parameters(model)
+    scales = (layer_lr_scales([full for full, *_ in trainable], lr_decay)
+              if constructor == "lr_decay" else {})
+    for full_name, name, param, is_norm in trainable:
         if constructor == "dino":
             exempt = full_name.endswith(".bias") or "norm" in full_name
         else:
             exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
         exempt = exempt or any(str(part) in full_name for part in non_regularized)
-        multiplier = lr_multiplier_of(full_name, lr_multipliers)
+        multiplier = lr_multiplier_of(full_name, lr_multipliers) * scales.get(full_name, 1.0)
         groups.setdefault((multiplier != 1.0, multiplier, exempt), []).append(param)
     regularized = weight_decay if callable(weight_decay) else float(weight_decay)
     return [

@@ -173,6 +173,7 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
         constructor=optimizer_cfg.get("param_group_constructor", "default"),
         linear_eval_heads=list(optimizer_cfg.get("linear_eval_heads") or []),
         non_regularized=list(optimizer_cfg.get("non_regularized_parameters") or []),
+        lr_decay=float((optimizer_cfg.get("layer_wise_lr_decay") or {}).get("decay", 0.9)),
     )
     lr = build_lr_scheduler(optimizer_cfg)
     for group in param_groups:  # each group's own lr schedule (classy evaluates it per step)

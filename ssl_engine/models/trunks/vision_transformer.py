@@ -20,6 +20,9 @@ The ``concat*4`` outputs exist when the trunk has at least 4 blocks.
 ``USE_CLASS_TOKEN: false`` (VISSL's ViT without a class token): the tokens are the patches
 only (position embeddings for the patches alone, as timm's ``class_token=False``); the
 outputs are then ``lastPOOL`` (the default) and ``concatPOOL4``, the CLS ones being refused.
+
+``MASKED_IMAGE_MODELING: {NAME: msn, PARAMS: {drop_ratio}}``: MSN's random patch drop while
+training, put in timm's patch-dropout slot (``trunks/msn_patch_drop.py``).
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -29,6 +32,7 @@ from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.conv_stem import conv_stem
 from ssl_engine.models.trunks.base import StagedTrunk
+from ssl_engine.models.trunks.msn_patch_drop import msn_patch_drop
 
 CONFIG = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 # VISION_TRANSFORMERS.name -> (PATCH_SIZE, NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM); the
@@ -68,9 +72,9 @@ def _check_unsupported(cfg) -> None:
         raise _not_supported("CHECKPOINT_MLP", cfg.CHECKPOINT_MLP,
                              "use CHECKPOINT_BLOCK=true to recompute whole blocks instead")
     masking = (cfg.get("MASKED_IMAGE_MODELING") or {}).get("NAME", "")
-    if masking:
+    if masking and masking != "msn":
         raise _not_supported("MASKED_IMAGE_MODELING.NAME", masking,
-                             "the trunk has no patch masking (iBOT, MSN)")
+                             "the trunk's only patch masking is msn (MSN's patch drop)")
 
 
 def _sizes(cfg) -> Tuple[int, int, int, int, int]:
@@ -150,6 +154,9 @@ class VisionTransformerTrunk(StagedTrunk):
         stem = (cfg.get("HYBRID") or {}).get("CONV_STEM") or []
         if stem:  # a convolutional stem instead of the patchify convolution (conv_stem.py)
             self.vit.patch_embed.proj = conv_stem(stem, patch_size, hidden_dim)
+        masking = cfg.get("MASKED_IMAGE_MODELING") or {}
+        if masking.get("NAME") == "msn":  # timm's patch-dropout slot: after the positions
+            self.vit.patch_drop = msn_patch_drop(masking.get("PARAMS"), self.vit.num_prefix_tokens)
         # MODEL.ACTIVATION_CHECKPOINTING recomputes every block too (timm checkpoints per block)
         self.vit.set_grad_checkpointing(bool(cfg.get("CHECKPOINT_BLOCK", False))
                                         or bool(checkpointing_splits(model_cfg)))
