@@ -79,19 +79,16 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.FSDP_CONFIG.clear_autocast_cache":
         "autocast's cache is always cleared when the forward's autocast ends",
     "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
-    "config.MODEL.HEAD.PARAMS_MULTIPLIER": "scaling the heads' initial weights is not implemented",
     # LOSS
     "config.LOSS.cross_entropy_multiple_output_single_target.reduction":
         "the loss is always the batch mean",
     # OPTIMIZER
-    "config.OPTIMIZER.head_optimizer_params.use_different_lr":
-        "use OPTIMIZER.lr_multipliers (e.g. [[heads, 10.0]])",
-    "config.OPTIMIZER.head_optimizer_params.use_different_wd":
-        "a separate weight decay for the heads is not implemented",
     "config.OPTIMIZER.param_group_constructor": also(
         "the parameter groups are default, dino or linear_eval_heads (layer-wise lr decay, "
         "lr_decay, is not implemented)", "dino", "linear_eval_heads"),
     "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":
+        "the lr is scaled linearly with the batch",
+    "config.OPTIMIZER.param_schedulers.lr_head.auto_lr_scaling.scaling_type":
         "the lr is scaled linearly with the batch",
     # EXTRACT_FEATURES
     "config.EXTRACT_FEATURES.CHUNK_THRESHOLD":
