@@ -51,7 +51,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.DATA.*.USE_DEBUGGING_SAMPLER": "the debugging sampler is not implemented",
     "config.DATA.*.STRATIFIED_SAMPLER.ENABLED": "the stratified sampler is not implemented",
     "config.DATA.*.POWER_LAW_SAMPLER.ENABLED": "the power-law sampler is not implemented",
-    "config.DATA.*.REMOVE_IMG_PATH_PREFIX": "rewriting image path prefixes is not implemented",
     "config.DATA.*.BASE_DATASET": "only the generic_ssl dataset exists",
     "config.DATA.*.RANDOM_SYNTHETIC_IMAGES":
         "the synthetic source always gives random images; see DATA.<split>.SYNTHETIC",
@@ -91,8 +90,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.OPTIMIZER.param_schedulers.lr_head.auto_lr_scaling.scaling_type":
         "the lr is scaled linearly with the batch",
     # EXTRACT_FEATURES
-    "config.EXTRACT_FEATURES.CHUNK_THRESHOLD":
-        "features are always written to disk as they are computed; no setting is needed",
     "config.EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME":
         "features are written as <split>_<layer>_features.npy in dataset order",
     # NEAREST_NEIGHBOR
@@ -116,8 +113,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.CHECKPOINT.BACKEND": "checkpoints are written to disk only",
     "config.CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM":
         "runs resume from the newest checkpoint (each is written atomically, so it is whole)",
-    "config.CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME":
-        "a pointer file, written atomically, always names the newest checkpoint",
     # DISTRIBUTED
     "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION": "gradients are reduced by DDP's hooks",
 }
