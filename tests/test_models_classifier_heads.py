@@ -65,3 +65,31 @@ def test_vision_transformer_head_pretraining_and_finetuning_layouts():
     assert list(finetune.state_dict()) == ["layers.head.weight", "layers.head.bias"]
     assert finetune(x).shape == (3, 5)
     assert abs(finetune.layers.head.weight.std().item() - 0.02) < 0.004
+
+
+def test_swav_head_with_weight_normalised_prototypes_and_gelu_by_hand():
+    torch.manual_seed(0)
+    head = MODEL_HEADS.get("swav_head")(dims=[6, 8, 4], num_clusters=[5], return_embeddings=False,
+                                        activation_name="GELU", use_weight_norm_prototypes=True)
+    assert sorted(head.state_dict()) == [
+        "projection_head.0.bias", "projection_head.0.weight", "projection_head.2.bias",
+        "projection_head.2.weight", "prototypes0.weight_g", "prototypes0.weight_v"]
+    with torch.no_grad():
+        head.prototypes0.weight_g.uniform_(0.5, 2.0)
+    x = torch.randn(3, 6)
+    first, second = head.projection_head[0], head.projection_head[2]
+    hidden = torch.nn.functional.gelu(x @ first.weight.t() + first.bias)
+    embedding = hidden @ second.weight.t() + second.bias
+    embedding = embedding / embedding.norm(dim=1, keepdim=True)
+    v, g = head.prototypes0.weight_v, head.prototypes0.weight_g
+    expected = embedding @ (g * v / v.norm(dim=1, keepdim=True)).t()
+    (scores,) = head(x)
+    torch.testing.assert_close(scores, expected)
+    before = head.prototypes0.weight.detach().clone()
+    head.normalize_prototypes()  # SwAV's renormalisation leaves weight-normalised sets alone
+    torch.testing.assert_close(head.prototypes0.weight, before)
+
+
+def test_identity_head_passes_the_trunk_output_on():
+    x = torch.randn(2, 7)
+    assert torch.equal(MODEL_HEADS.get("identity")()(x), x)
