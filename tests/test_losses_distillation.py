@@ -180,6 +180,9 @@ def test_teacher_is_built_from_its_file_frozen_and_refused_without_one(tmp_path)
     with pytest.raises(ValueError, match="WEIGHTS_INIT.PARAMS_FILE to the teacher's checkpoint"):
         build_teacher(cfg, torch.device("cpu"))
     assert isinstance(build_loss(cfg.LOSS).build_hooks()[0], DistillationHook)
+    # the student's crops are those the transforms make (4), whatever the loss's key says
+    _, other = load_config([CONFIG, "config.LOSS.swav_distillation_loss.num_crops=6"])
+    assert other.LOSS.swav_distillation_loss.num_crops == 4
 
 
 def test_swav_distillation_trains_resumes_exactly_and_scales_to_two_processes(tmp_path):
