@@ -10,7 +10,7 @@ from lightly.loss.swav_loss import sinkhorn
 
 from engine_utils import crash_hooks_at, final_weights, run_engine, step_losses
 from ssl_engine.checkpoint import load_checkpoint
-from ssl_engine.config import AttrDict, load_config
+from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.config.teacher import teacher_model_config
 from ssl_engine.hooks.distillation_hook import DistillationHook, build_teacher
 from ssl_engine.losses import build_loss
@@ -183,6 +183,8 @@ def test_teacher_is_built_from_its_file_frozen_and_refused_without_one(tmp_path)
     # the student's crops are those the transforms make (4), whatever the loss's key says
     _, other = load_config([CONFIG, "config.LOSS.swav_distillation_loss.num_crops=6"])
     assert other.LOSS.swav_distillation_loss.num_crops == 4
+    with pytest.raises(ConfigError, match="the teacher is not sharded"):
+        load_config([CONFIG, "config.DISTILLATION.TEACHER_MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=true"])
 
 
 def test_swav_distillation_trains_resumes_exactly_and_scales_to_two_processes(tmp_path):

@@ -78,6 +78,14 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.FSDP_CONFIG.clear_autocast_cache":
         "autocast's cache is always cleared when the forward's autocast ends",
     "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
+    # DISTILLATION: the teacher is built like MODEL, with MODEL's refusals
+    "config.DISTILLATION.TEACHER_MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
+    "config.DISTILLATION.TEACHER_MODEL.MULTI_INPUT_HEAD_MAPPING":
+        "heads fed by other sample keys are not implemented",
+    "config.DISTILLATION.TEACHER_MODEL.SINGLE_PASS_EVERY_CROP":
+        "crops of one size always go through together",
+    "config.DISTILLATION.TEACHER_MODEL.FSDP_CONFIG":
+        "the teacher is not sharded: every process holds it whole",
     # LOSS
     "config.LOSS.cross_entropy_multiple_output_single_target.reduction":
         "the loss is always the batch mean",
