@@ -42,9 +42,21 @@ class CrashAt(SSLHook):
             raise RuntimeError("simulated crash")
 
 
+class CrashHooks:
+    """A hook generator that pickles (for spawned processes): the default hooks, then a crash
+    after iteration ``iteration``."""
+
+    def __init__(self, iteration):
+        self.iteration = iteration
+
+    def __call__(self, cfg):
+        return default_hook_generator(cfg) + [CrashAt(self.iteration)]
+
+
 def crash_hooks_at(iteration):
-    """A hook generator: the default hooks, then a crash after iteration ``iteration``."""
-    return lambda cfg: default_hook_generator(cfg) + [CrashAt(iteration)]
+    """A hook generator: the default hooks, then a crash after iteration ``iteration`` (in
+    every process)."""
+    return CrashHooks(iteration)
 
 
 class FunctionLoss(SSLLoss):

@@ -54,7 +54,7 @@ VISSL_TREE = {
     "loss/simclr": ("  LOSS: {simclr_info_nce_loss: {buffer_params: {world_size: 8, "
                     "effective_batch_size: 1024}}}", None),
     "optimizer/head_lr": ("  OPTIMIZER: {head_optimizer_params: {use_different_lr: true}}",
-                          "use OPTIMIZER.lr_multipliers"),
+                          None),
     "optimizer/scaling": ("  OPTIMIZER: {param_schedulers: {lr: {auto_lr_scaling: "
                           "{scaling_type: sqrt}}}}", "scaling_type='sqrt' is not supported"),
     "meters/old_name": ("  METERS: {name: accuracy_list_meter}", None),
@@ -62,8 +62,10 @@ VISSL_TREE = {
     "meters/mask": ("  METERS: {model_output_mask: true}",
                     "config.METERS.model_output_mask=True is not supported"),
     "trainer/task": ("  TRAINER: {TASK_NAME: self_supervision_task}", None),
-    "checkpoint/symlink": ("  CHECKPOINT: {USE_SYMLINK_CHECKPOINT_FOR_RESUME: true}",
-                           "a pointer file, written atomically"),
+    "checkpoint/symlink": ("  CHECKPOINT: {USE_SYMLINK_CHECKPOINT_FOR_RESUME: true}", None),
+    "extract/chunks": ("  EXTRACT_FEATURES: {CHUNK_THRESHOLD: 1000}", None),
+    "data/prefix": ("  DATA: {TRAIN: {REMOVE_IMG_PATH_PREFIX: /mnt/a, NEW_IMG_PATH_PREFIX: /b}}",
+                    None),
     "hooks/perf": ("  HOOKS: {PERF_STATS: {MONITOR_PERF_STATS: true, ROLLING_BTIME_FREQ: 313}}",
                    None),
     "hooks/profiler": ("  PROFILING: {RUNTIME_PROFILING: {USE_PROFILER: true}}",
@@ -159,9 +161,10 @@ def test_typo_of_a_vissl_key_still_gets_did_you_mean():
 
 
 def test_refusal_says_what_to_do_instead():
-    with pytest.raises(ConfigError, match=r"use_different_lr=True is not supported: use "
-                                          r"OPTIMIZER.lr_multipliers \(e.g. \[\[heads, 10.0\]\]\)"):
-        compose_config([QUICK, "config.OPTIMIZER.head_optimizer_params.use_different_lr=true"])
+    with pytest.raises(ConfigError, match=r"NON_TRAINABLE_PARAMS=\['trunk.conv1.weight'\] is not "
+                                          r"supported: not implemented; use "
+                                          r"MODEL.TEMP_FROZEN_PARAMS_ITER_MAP"):
+        compose_config([QUICK, "config.MODEL.NON_TRAINABLE_PARAMS=[trunk.conv1.weight]"])
 
 
 def test_open_vissl_sections_take_any_keys():

@@ -114,6 +114,20 @@ def test_mmap_mode_maps_the_filelists_and_reads_the_same_samples(tmp_path):
     assert [s[1] for s in samples[True]] == [s[1] for s in samples[False]] == [5, 6, 7, 8, 9, 10]
 
 
+def test_filelist_paths_written_elsewhere_are_read_with_the_prefix_rewritten(tmp_path):
+    pixels = image_folder(tmp_path / "img", per_class=1)
+    # the list was written on a machine where the images lay under /mnt/old/data
+    listed = [f"/mnt/old/data/{name}/0.png" for name in ("a", "b")] + [
+        str(tmp_path / "img" / "c" / "0.png")]  # no prefix to rewrite: read as listed
+    np.save(tmp_path / "files.npy", np.array(listed))
+    cfg = make_cfg(DATA_SOURCES=["disk_filelist"], DATA_PATHS=[str(tmp_path / "files.npy")],
+                   REMOVE_IMG_PATH_PREFIX="/mnt/old/data", NEW_IMG_PATH_PREFIX=str(tmp_path / "img"))
+    source = build_dataset(cfg, "TRAIN").source
+    assert source.image_path(0) == str(tmp_path / "img" / "a" / "0.png")
+    for index, expected in enumerate(pixels):
+        assert np.array_equal(np.asarray(source[index][0]), expected)
+
+
 # ---- torchvision_dataset ---------------------------------------------------------------------
 
 

@@ -40,7 +40,6 @@ def test_sharded_model_trains_like_one_process_and_resumes_exactly(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("config.OPTIMIZER.use_zero=true", "FSDP already shards the optimizer state"),
     ("config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true", "USE_SDP=true: FSDP already shards"),
-    ("config.LOSS.name=byol_loss", "momentum target or teacher network"),
 ])
 def test_unsupported_combinations_are_refused_before_launch(tmp_path, override, message):
     engine, cfg = load_config(["config=test/quick_simclr_synthetic",

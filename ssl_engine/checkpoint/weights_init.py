@@ -158,7 +158,9 @@ EVAL_TRUNK_AND_HEAD = "MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD"
 def _check_heads_loaded(report: WeightsInitReport, targets: Mapping[str, torch.Tensor]) -> None:
     """EVAL_TRUNK_AND_HEAD: every head tensor of the model comes from the file."""
     loaded = set(report.loaded)
-    missing = [key for key in targets if key.startswith(HEADS) and key not in loaded]
+    # a batch norm's step counter is no weight (SKIP_LAYERS leaves it out by default)
+    missing = [key for key in targets if key.startswith(HEADS) and key not in loaded
+               and not key.endswith("num_batches_tracked")]
     if missing:
         shown = ", ".join(missing[:MAX_LOGGED_NAMES])
         raise WeightsInitError(

@@ -152,15 +152,29 @@ def crops_per_sample(transforms) -> int:
     return 0
 
 
+# the losses whose crops per sample are those of the training transforms, and their key
+CROPS_KEYS = {"swav_loss": "num_crops", "dino_loss": "num_crops", "msn_loss": "num_crops",
+              "swav_distillation_loss": "num_crops",
+              "dino_distillation_loss": "student_num_crops"}
+DISTILLATION_LOSSES = ("swav_distillation_loss", "dino_distillation_loss")
+
+
 def _derive_loss_settings(cfg: AttrDict) -> None:
     """SwAV's, DINO's and MSN's num_crops from the training transforms, DINO's and MSN's
     output_dim from their head's num_clusters / num_prototypes, as VISSL infers them; the seed
-    of MSN's patch drop from SEED_VALUE unless its PARAMS give one."""
+    of MSN's patch drop from SEED_VALUE unless its PARAMS give one; the crops of the student
+    of a distillation too (VISSL's configs set them by hand, and a crops fragment over another
+    base can leave them behind: the batch would be split into the wrong crops)."""
     name = cfg.LOSS.name
-    if name in ("swav_loss", "dino_loss", "msn_loss") and not cfg.TEST_ONLY:
+    key = CROPS_KEYS.get(name)
+    if key and not cfg.TEST_ONLY:
         crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
         if crops:
-            cfg.LOSS[name].num_crops = crops
+            if name in DISTILLATION_LOSSES and cfg.LOSS[name].get(key, crops) != crops:
+                logger.warning("config.LOSS.%s.%s=%s: the training transforms make %d crops "
+                               "per sample; %d is used", name, key, cfg.LOSS[name][key], crops,
+                               crops)
+            cfg.LOSS[name][key] = crops
     if name in ("dino_loss", "msn_loss") and cfg.MODEL.HEAD.PARAMS:
         head = cfg.MODEL.HEAD.PARAMS[-1]
         params = head[1] if isinstance(head, (list, tuple)) and len(head) == 2 else None

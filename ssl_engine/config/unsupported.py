@@ -51,7 +51,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.DATA.*.USE_DEBUGGING_SAMPLER": "the debugging sampler is not implemented",
     "config.DATA.*.STRATIFIED_SAMPLER.ENABLED": "the stratified sampler is not implemented",
     "config.DATA.*.POWER_LAW_SAMPLER.ENABLED": "the power-law sampler is not implemented",
-    "config.DATA.*.REMOVE_IMG_PATH_PREFIX": "rewriting image path prefixes is not implemented",
     "config.DATA.*.BASE_DATASET": "only the generic_ssl dataset exists",
     "config.DATA.*.RANDOM_SYNTHETIC_IMAGES":
         "the synthetic source always gives random images; see DATA.<split>.SYNTHETIC",
@@ -79,20 +78,23 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.FSDP_CONFIG.clear_autocast_cache":
         "autocast's cache is always cleared when the forward's autocast ends",
     "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
-    "config.MODEL.HEAD.PARAMS_MULTIPLIER": "scaling the heads' initial weights is not implemented",
+    # DISTILLATION: the teacher is built like MODEL, with MODEL's refusals
+    "config.DISTILLATION.TEACHER_MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
+    "config.DISTILLATION.TEACHER_MODEL.MULTI_INPUT_HEAD_MAPPING":
+        "heads fed by other sample keys are not implemented",
+    "config.DISTILLATION.TEACHER_MODEL.SINGLE_PASS_EVERY_CROP":
+        "crops of one size always go through together",
+    "config.DISTILLATION.TEACHER_MODEL.FSDP_CONFIG":
+        "the teacher is not sharded: every process holds it whole",
     # LOSS
     "config.LOSS.cross_entropy_multiple_output_single_target.reduction":
         "the loss is always the batch mean",
     # OPTIMIZER
-    "config.OPTIMIZER.head_optimizer_params.use_different_lr":
-        "use OPTIMIZER.lr_multipliers (e.g. [[heads, 10.0]])",
-    "config.OPTIMIZER.head_optimizer_params.use_different_wd":
-        "a separate weight decay for the heads is not implemented",
     "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":
         "the lr is scaled linearly with the batch",
+    "config.OPTIMIZER.param_schedulers.lr_head.auto_lr_scaling.scaling_type":
+        "the lr is scaled linearly with the batch",
     # EXTRACT_FEATURES
-    "config.EXTRACT_FEATURES.CHUNK_THRESHOLD":
-        "features are always written to disk as they are computed; no setting is needed",
     "config.EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME":
         "features are written as <split>_<layer>_features.npy in dataset order",
     # NEAREST_NEIGHBOR
@@ -116,8 +118,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.CHECKPOINT.BACKEND": "checkpoints are written to disk only",
     "config.CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM":
         "runs resume from the newest checkpoint (each is written atomically, so it is whole)",
-    "config.CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME":
-        "a pointer file, written atomically, always names the newest checkpoint",
     # DISTRIBUTED
     "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION": "gradients are reduced by DDP's hooks",
 }
@@ -134,7 +134,6 @@ UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
         **{name: f"the {name} loss {_NOT_YET}" for name in (
             "nce_loss_with_memory", "multicrop_simclr_info_nce_loss", "swav_momentum_loss",
             "ibot_loss", "deepclusterv2_loss", "bce_logits_multiple_output_single_target",
-            "distillation_loss", "swav_distillation_loss", "dino_distillation_loss",
             "ibot_distillation_loss", "msn_distillation_loss")},
         "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
                             "for one output)",

@@ -6,8 +6,10 @@ from ssl_engine.checkpoint import check_latest_pointer, check_resume_files, list
 from ssl_engine.config import ConfigError
 from ssl_engine.data import check_data_paths
 from ssl_engine.engines.registry import register_engine
+from ssl_engine.hooks.distillation_hook import check_teacher
 from ssl_engine.hooks.frozen_params_hook import check_frozen_params
 from ssl_engine.losses import loss_class
+from ssl_engine.losses.distillation import TeacherLoss
 from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
                                               check_trainable)
 from ssl_engine.models.sync_bn import check_sync_bn_config
@@ -24,7 +26,8 @@ from ssl_engine.utils.logger import setup_logging
 def check_train_config(cfg) -> None:
     """The data of every phase exists; the hooks the config asks for accept it; the model has
     the heads the loss needs, something to train and the parameters
-    MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names; gradient clipping and the weight-decay
+    MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names; a distillation's teacher builds and its weights
+    file loads; gradient clipping and the weight-decay
     schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
     weights file it starts from loads."""
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
@@ -48,6 +51,8 @@ def check_train_config(cfg) -> None:
             check_trainable(model)
             check_frozen_params(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP, model)
     loss_class(cfg.LOSS.name).check_model_config(cfg.MODEL)  # e.g. a predictor head it needs
+    if issubclass(loss_class(cfg.LOSS.name), TeacherLoss) and not cfg.TEST_ONLY:
+        check_teacher(cfg)  # the frozen teacher builds and its weights file loads
     splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
     for split in splits:
         check_data_paths(cfg, split)

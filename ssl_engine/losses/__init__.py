@@ -11,11 +11,13 @@ from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
 from ssl_engine.losses.dino_loss import DINOLoss
+from ssl_engine.losses.distillation import DINODistillationLoss, DistillationLoss
 from ssl_engine.losses.moco_loss import MoCoLoss
 from ssl_engine.losses.moco_v3_loss import MoCoV3Loss
 from ssl_engine.losses.msn_loss import MSNLoss
 from ssl_engine.losses.simclr_info_nce_loss import SimclrInfoNCELoss
 from ssl_engine.losses.simsiam_loss import SimSiamLoss
+from ssl_engine.losses.swav_distillation_loss import SwAVDistillationLoss
 from ssl_engine.losses.swav_loss import SwAVLoss
 from ssl_engine.losses.vicreg_loss import VICRegLoss
 from ssl_engine.utils.classy import LOSS_REGISTRY
@@ -43,11 +45,14 @@ __all__ = [
     "BarlowTwinsLoss",
     "BYOLLoss",
     "DINOLoss",
+    "DINODistillationLoss",
+    "DistillationLoss",
     "MoCoLoss",
     "MoCoV3Loss",
     "MSNLoss",
     "SimSiamLoss",
     "SwAVLoss",
+    "SwAVDistillationLoss",
     "VICRegLoss",
     "CrossEntropyMultipleOutputSingleTargetLoss",
     "SimclrInfoNCELoss",

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings
+from ssl_engine.models.heads.mlp import MLP
 from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
 from ssl_engine.models.state_dict import load_state_dict_strict
 
@@ -44,6 +45,20 @@ def set_head_batch_norms(heads: nn.Module, head_cfg) -> None:
     for module in heads.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.eps, module.momentum = eps, momentum
+
+
+def scale_head_weights(heads: nn.Module, head_cfg) -> None:
+    """MODEL.HEAD.PARAMS_MULTIPLIER, when not 1: the initial weights and biases of the linear
+    layers of every mlp (and eval_mlp) head are multiplied by it, as VISSL's MLP heads do."""
+    multiplier = float(head_cfg.get("PARAMS_MULTIPLIER", 1.0))
+    if multiplier == 1.0:
+        return
+    with torch.no_grad():
+        for mlp in (m for m in heads.modules() if isinstance(m, MLP)):
+            for layer in (m for m in mlp.modules() if isinstance(m, nn.Linear)):
+                layer.weight.mul_(multiplier)
+                if layer.bias is not None:
+                    layer.bias.mul_(multiplier)
 
 
 def concat_crops(stage: str, features: List[torch.Tensor]) -> torch.Tensor:
@@ -121,6 +136,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             build_head(index, entry) for index, entry in enumerate(head_params)
         )
         set_head_batch_norms(self.heads, model_cfg.HEAD)
+        scale_head_weights(self.heads, model_cfg.HEAD)
         self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
         self._check_eval_settings()

@@ -6,6 +6,9 @@ from typing import Any, MutableMapping
 logger = logging.getLogger(__name__)
 
 LR_VALUE_KEYS = ("value", "values", "start_value", "end_value")
+# the lr schedules, each scaled by its own auto_lr_scaling (lr_head: the heads' schedule of
+# OPTIMIZER.head_optimizer_params.use_different_lr)
+SCALED_SCHEDULES = ("lr", "lr_head")
 
 
 def _scale_schedule(scheduler_cfg: MutableMapping[str, Any], factor: float, path: str) -> None:
@@ -23,23 +26,24 @@ def _scale_schedule(scheduler_cfg: MutableMapping[str, Any], factor: float, path
 def apply_auto_lr_scaling(optimizer_cfg, global_batch_size: int):
     """A copy of ``optimizer_cfg`` whose lr values are scaled by global_batch_size / base_lr_batch_size.
 
-    Acts only when ``param_schedulers.lr.auto_lr_scaling.auto_scale`` is true; every lr value
+    Acts on ``param_schedulers.lr`` (and ``lr_head``) when its ``auto_lr_scaling.auto_scale``
+    is true; every lr value
     (value, values, start_value, end_value, also inside composite schedulers) is multiplied.
     The copy has ``auto_scale`` set to false so that scaling it again changes nothing.
     """
     scaled = copy.deepcopy(optimizer_cfg)
-    lr_cfg = scaled["param_schedulers"]["lr"]
-    scaling = lr_cfg.get("auto_lr_scaling") or {}
-    if not scaling.get("auto_scale", False):
-        return scaled
-    base_batch_size = scaling["base_lr_batch_size"]
-    if base_batch_size <= 0 or global_batch_size <= 0:
-        raise ValueError(
-            f"auto lr scaling needs positive batch sizes, got global {global_batch_size}, base {base_batch_size}"
-        )
-    factor = global_batch_size / base_batch_size
-    logger.info("auto lr scaling: global batch %d / base batch %d = factor %g",
-                 global_batch_size, base_batch_size, factor)
-    _scale_schedule(lr_cfg, factor, "OPTIMIZER.param_schedulers.lr")
-    scaling["auto_scale"] = False
+    for key in SCALED_SCHEDULES:
+        lr_cfg = scaled["param_schedulers"].get(key)
+        scaling = (lr_cfg or {}).get("auto_lr_scaling") or {}
+        if not scaling.get("auto_scale", False):
+            continue
+        base_batch_size = scaling["base_lr_batch_size"]
+        if base_batch_size <= 0 or global_batch_size <= 0:
+            raise ValueError(f"auto lr scaling needs positive batch sizes, got global "
+                             f"{global_batch_size}, base {base_batch_size}")
+        factor = global_batch_size / base_batch_size
+        logger.info("auto lr scaling of %s: global batch %d / base batch %d = factor %g",
+                    key, global_batch_size, base_batch_size, factor)
+        _scale_schedule(lr_cfg, factor, f"OPTIMIZER.param_schedulers.{key}")
+        scaling["auto_scale"] = False
     return scaled

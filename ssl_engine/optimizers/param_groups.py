@@ -1,6 +1,6 @@
 """Split a model's trainable parameters into weight-decayed and not weight-decayed groups."""
 import re
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _NormBase
@@ -69,9 +69,10 @@ def get_optimizer_param_groups(
     single_group: bool = False, constructor: str = "default",
     linear_eval_heads: Sequence[Dict] = (), non_regularized: Sequence[str] = (),
     lr_decay: float = 0.9,
+    separate_heads: bool = False, head_weight_decay: Optional[float] = None,
 ) -> List[Dict]:
-    """``[{"params", "weight_decay", "lr_multiplier"}, ...]`` for the parameters that require
-    gradients.
+    """``[{"params", "weight_decay", "lr_multiplier", "head"}, ...]`` for the parameters that
+    require gradients.
 
     Norm-layer parameters (unless ``regularize_bn``) and every parameter named ``bias`` (unless
     ``regularize_bias``) get weight decay 0; the rest get ``weight_decay``, a number or a
@@ -94,10 +95,19 @@ def get_optimizer_param_groups(
     ``non_regularized`` (OPTIMIZER.non_regularized_parameters, e.g. ``[pos_embedding,
     class_token]``): a parameter whose name contains one of these strings gets no weight
     decay either (default and dino groups).
+
+    ``separate_heads`` (OPTIMIZER.head_optimizer_params): the heads' parameters (``heads.*``)
+    go to groups of their own, marked ``"head": True``, for their own lr schedule; with
+    ``head_weight_decay`` (``use_different_wd``) their regularised ones decay by it instead.
     """
     if constructor not in PARAM_GROUP_CONSTRUCTORS:
         raise ValueError(f"config.OPTIMIZER.param_group_constructor={constructor!r} is not one "
                          f"of {', '.join(PARAM_GROUP_CONSTRUCTORS)}")
+    separate_heads = separate_heads or head_weight_decay is not None
+    if separate_heads and (single_group or constructor == "linear_eval_heads"):
+        raise ValueError("config.OPTIMIZER.head_optimizer_params (use_different_lr / "
+                         "use_different_wd) needs the default, dino or lr_decay param_group_constructor "
+                         "and construct_single_param_group_only=false")
     if constructor == "linear_eval_heads" and not single_group:
         if lr_multipliers:
             raise ValueError("config.OPTIMIZER.param_group_constructor=linear_eval_heads sets "
@@ -129,12 +139,15 @@ def get_optimizer_param_groups(
             exempt = (is_norm and not regularize_bn) or (name == "bias" and not regularize_bias)
         exempt = exempt or any(str(part) in full_name for part in non_regularized)
         multiplier = lr_multiplier_of(full_name, lr_multipliers) * scales.get(full_name, 1.0)
-        groups.setdefault((multiplier != 1.0, multiplier, exempt), []).append(param)
+        head = separate_heads and HEAD_INDEX.match(full_name) is not None
+        groups.setdefault((multiplier != 1.0, multiplier, head, exempt), []).append(param)
     regularized = weight_decay if callable(weight_decay) else float(weight_decay)
+    head_regularized = regularized if head_weight_decay is None else float(head_weight_decay)
     return [
-        {"params": params, "weight_decay": 0.0 if exempt else regularized,
-         "lr_multiplier": multiplier}
-        for (_, multiplier, exempt), params in sorted(groups.items(), key=lambda item: item[0])
+        {"params": params, "lr_multiplier": multiplier, "head": head,
+         "weight_decay": 0.0 if exempt else head_regularized if head else regularized}
+        for (_, multiplier, head, exempt), params in sorted(groups.items(),
+                                                            key=lambda item: item[0])
     ]
 
 

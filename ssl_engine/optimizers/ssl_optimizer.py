@@ -9,7 +9,8 @@ import torch.nn as nn
 from ssl_engine.models.fsdp_names import FSDP_OPTIMIZERS
 from ssl_engine.optimizers.larc import LARC
 from ssl_engine.optimizers.param_groups import get_optimizer_param_groups
-from ssl_engine.optimizers.param_schedulers import ClassyParamScheduler, build_lr_scheduler
+from ssl_engine.optimizers.param_schedulers import (ClassyParamScheduler, build_lr_scheduler,
+                                                    build_scheduled_param)
 from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
 from ssl_engine.utils.classy import OPTIMIZER_REGISTRY, ClassyOptimizer
 from ssl_engine.utils.distributed import is_distributed
@@ -163,6 +164,7 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
     settings = lookup(_CLASSY_SETTINGS, name, "optimizer")(optimizer_cfg)
     classy_optimizer = OPTIMIZER_REGISTRY[name].from_config(settings)
     weight_decay = build_weight_decay_scheduler(optimizer_cfg)
+    heads = optimizer_cfg.get("head_optimizer_params") or {}
     param_groups = get_optimizer_param_groups(
         model,
         weight_decay=optimizer_cfg["weight_decay"] if weight_decay is None else weight_decay,
@@ -174,11 +176,16 @@ def build_optimizer(optimizer_cfg: Mapping[str, Any], model: nn.Module) -> SSLOp
         linear_eval_heads=list(optimizer_cfg.get("linear_eval_heads") or []),
         non_regularized=list(optimizer_cfg.get("non_regularized_parameters") or []),
         lr_decay=float((optimizer_cfg.get("layer_wise_lr_decay") or {}).get("decay", 0.9)),
+        separate_heads=bool(heads.get("use_different_lr", False)),
+        head_weight_decay=heads["weight_decay"] if heads.get("use_different_wd", False) else None,
     )
     lr = build_lr_scheduler(optimizer_cfg)
+    # OPTIMIZER.head_optimizer_params.use_different_lr: the heads follow param_schedulers.lr_head
+    lr_head = build_scheduled_param(optimizer_cfg, "lr_head") if heads.get(
+        "use_different_lr", False) else lr
     for group in param_groups:  # each group's own lr schedule (classy evaluates it per step)
-        multiplier = group.pop("lr_multiplier")
-        group["lr"] = lr if multiplier == 1.0 else ScaledParamScheduler(lr, multiplier)
+        multiplier, schedule = group.pop("lr_multiplier"), lr_head if group.pop("head", False) else lr
+        group["lr"] = schedule if multiplier == 1.0 else ScaledParamScheduler(schedule, multiplier)
     classy_optimizer.set_param_groups(param_groups)
     if optimizer_cfg.get("use_zero", False):
         classy_optimizer.optimizer = shard_state(classy_optimizer.optimizer)

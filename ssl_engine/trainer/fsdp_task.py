@@ -25,9 +25,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ssl_engine.config import ConfigError
-from ssl_engine.losses import LOSS_REGISTRY
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
+from ssl_engine.models import build_model
 from ssl_engine.models.ema import ema_model_enabled
+from ssl_engine.models.sync_bn import convert_sync_bn
 from ssl_engine.trainer.task import SelfSupervisionTask
 from ssl_engine.utils.classy import register_task
 from ssl_engine.utils.distributed import BufferBroadcast, broadcast_buffers, get_rank
@@ -143,11 +144,6 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
                    "leave use_zero off")
         elif cfg.OPTIMIZER.get("use_larc", False):
             why = "config.OPTIMIZER.use_larc=true: LARC is not supported with FSDP yet"
-        elif issubclass(LOSS_REGISTRY.get(cfg.LOSS.name, object), MomentumTargetLoss):
-            why = (f"config.LOSS.name={cfg.LOSS.name}: methods with a momentum target or teacher "
-                   "network (MoCo, BYOL, DINO) are not supported with FSDP yet; use DDP "
-                   "(TRAINER.TASK_NAME=self_supervision_task), with OPTIMIZER.use_zero=true "
-                   "to shard the optimizer state")
         elif ema_model_enabled(cfg):
             why = ("config.HOOKS.EMA_MODEL (SAVE_EMA_MODEL or ENABLE_EMA_METERS on): the "
                    "average of sharded weights is not supported yet; use DDP "
@@ -170,11 +166,52 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
             model.register_forward_pre_hook(BufferBroadcast(model))
         return model
 
+    def _bind_loss(self) -> None:
+        """A momentum target (MoCo, BYOL, DINO ...) is copied from an unsharded model with the
+        sharded model's weights, then sharded into the same units (FSDP modules cannot be
+        copied): its parameters are sharded like the online ones, so that each rank moves its
+        own shard of the target towards its shard of the online weights."""
+        if not isinstance(self.loss, MomentumTargetLoss):
+            super()._bind_loss()
+            return
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        plain = convert_sync_bn(build_model(self.config.MODEL), self.config).to(self.device)
+        plain.load_state_dict(get_model_state_dict(self.base_model,
+                                                   options=self._options(full=True, offload=False)))
+        self.loss.bind_model(plain)
+        target = shard_model(self.loss.target_network, self.config.MODEL.FSDP_CONFIG)
+        # FSDP keeps the root unit's parameters gathered after a forward (for the backward,
+        # which the target never runs): shard them again, so that they are the same shards
+        # as the online model's when the target moves
+        target.register_forward_hook(lambda module, inputs, output: module.reshard())
+
+    def _full_loss_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """The loss state with a sharded target's tensors gathered (on every rank)."""
+        from torch.distributed.tensor import DTensor
+
+        return {key: value.full_tensor().cpu() if isinstance(value, DTensor) else value
+                for key, value in state.items()}
+
+    def _sharded_loss_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """A checkpoint's loss state with the target's tensors as this run's shards."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        current = self.loss.state_dict()
+        sharded = dict(state)
+        for key, value in state.items():
+            now = current.get(key)
+            if isinstance(now, DTensor) and not isinstance(value, DTensor):
+                sharded[key] = distribute_tensor(value.to(now.device, now.dtype), now.device_mesh,
+                                                 now.placements, src_data_rank=None)
+        return sharded
+
     # ------------------------------------------------------------------ state
-    def _options(self, full: bool):
+    def _options(self, full: bool, offload: Optional[bool] = None, strict: bool = True):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        return StateDictOptions(full_state_dict=full, cpu_offload=full)
+        return StateDictOptions(full_state_dict=full, strict=strict,
+                                cpu_offload=full if offload is None else offload)
 
     def get_classy_state(self, deep_copy: bool = False, phase_complete: bool = True):
         """The usual state with the whole model, gathered on rank 0 (every rank must call
@@ -193,6 +230,8 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
             for part in ("trunk", "heads")
         }}
         state["optimizer"] = {"sharded_checkpoint": self._sharded_name}
+        if isinstance(state.get("loss"), dict):
+            state["loss"] = self._full_loss_state(state["loss"])
         return state
 
     def save_sharded(self, folder: str, filename: str) -> None:
@@ -236,17 +275,34 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
                                     "missing")
         model_state, optimizer_state = get_state_dict(
             self.base_model, torch_optimizer(self), options=self._options(full=False))
-        loaded = {"model": model_state, "optimizer": optimizer_state}
+        loaded = {"model": model_state, "optimizer": _saved_optimizer_state(optimizer_state, path)}
         dcp.load(loaded, checkpoint_id=str(path))
+        # not strict: parameters without optimizer state stay without (dcp.load above has
+        # refused a checkpoint that lacks any model tensor)
         set_state_dict(self.base_model, torch_optimizer(self),
                        model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"],
-                       options=self._options(full=False))
+                       options=self._options(full=False, strict=False))
         rest = dict(state, base_model=None, optimizer=None)
+        if rest.get("loss"):
+            rest["loss"] = self._sharded_loss_state(rest["loss"])
         base_model, self.base_model = self.base_model, _NoModelState()
         try:
             super().set_classy_state(rest)
         finally:
             self.base_model = base_model
+
+
+def _saved_optimizer_state(optimizer_state: Dict[str, Any], path: Path) -> Dict[str, Any]:
+    """``optimizer_state`` without the parameters the checkpoint holds no state of: those not
+    yet updated when it was saved (frozen by MODEL.TEMP_FROZEN_PARAMS_ITER_MAP).  Reading the
+    state gives every parameter one (torch's ``get_state_dict``); they go without, as in the
+    run that was saved, so that their first update is the same."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    state = {name: value for name, value in optimizer_state.get("state", {}).items()
+             if all(f"optimizer.state.{name}.{key}" in saved for key in value)}
+    return dict(optimizer_state, state=state)
 
 
 class _NoModelState:

@@ -110,7 +110,7 @@ class SelfSupervisionTask(ClassyTask):
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.ema_model = self._build_ema_model()
         self.loss = build_loss(cfg.LOSS).to(self.device)
-        self.loss.bind_model(self.base_model)  # e.g. a momentum target copied from the model
+        self._bind_loss()  # e.g. a momentum target copied from the model
         if self.optimizer is None and not cfg.TEST_ONLY:  # FSDP: over the sharded parameters
             self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)
@@ -123,6 +123,10 @@ class SelfSupervisionTask(ClassyTask):
         # updates per epoch: a last, shorter group of micro-batches still makes an update
         self.num_train_iters_per_epoch = -(-batches // self.accumulation_steps)
         self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
+
+    def _bind_loss(self) -> None:
+        """Give the loss the built and wrapped model (``SSLLoss.bind_model``)."""
+        self.loss.bind_model(self.base_model)
 
     def _build_ema_model(self):
         """HOOKS.EMA_MODEL: the average of the weights kept beside the model (a copy of the

@@ -85,12 +85,16 @@ class DiskFilelistSource:
     a .npy of [N] integer labels (an int per image), of [N, C] rows (a label vector per image,
     e.g. VOC's 1 present / 0 absent / -1 difficult) or a .json list (see ``load_labels``);
     without it every label is -1. With DATA.<split>.MMAP_MODE both .npy files are
-    memory-mapped rather than read whole."""
+    memory-mapped rather than read whole. DATA.<split>.REMOVE_IMG_PATH_PREFIX /
+    NEW_IMG_PATH_PREFIX: a listed path that starts with the first is read with the second in
+    its place (a file list written on another machine)."""
 
     needs_path = True
 
     def __init__(self, cfg, split: str, path: str, source_index: int):
         mmap = bool(cfg.DATA[split].MMAP_MODE)
+        self.remove_prefix = str(cfg.DATA[split].get("REMOVE_IMG_PATH_PREFIX") or "")
+        self.new_prefix = str(cfg.DATA[split].get("NEW_IMG_PATH_PREFIX") or "")
         self.image_paths = _load_npy(path, f"config.DATA.{split}.DATA_PATHS[{source_index}]", mmap)
         labels_file = label_path(cfg, split, source_index)
         if labels_file:
@@ -117,4 +121,11 @@ class DiskFilelistSource:
             label = np.array(self.label_array[index])  # a copy: never a view of the map
         else:
             label = int(self.label_array[index])
-        return load_rgb_image(str(self.image_paths[index])), label
+        return load_rgb_image(self.image_path(index)), label
+
+    def image_path(self, index: int) -> str:
+        """The listed path of image ``index``, its prefix rewritten."""
+        path = str(self.image_paths[index])
+        if self.remove_prefix and path.startswith(self.remove_prefix):
+            path = self.new_prefix + path[len(self.remove_prefix):]
+        return path

@@ -3,6 +3,8 @@ from ssl_engine.models.heads.dino_head import DINOHead  # noqa: F401  (registers
 from ssl_engine.models.heads.eval_mlp import EvalMLP  # noqa: F401  (registers "eval_mlp")
 from ssl_engine.models.heads.identity import IdentityHead  # noqa: F401  (registers "identity")
 from ssl_engine.models.heads.mlp import MLP  # noqa: F401  (registers "mlp")
+from ssl_engine.models.heads.mobilenet_v3_head import MobileNetV3Head  # noqa: F401
 from ssl_engine.models.heads.msn_head import MSNHead  # noqa: F401  (registers "msn_head")
 from ssl_engine.models.heads.siamese_concat_view import SiameseConcatView  # noqa: F401
 from ssl_engine.models.heads.swav_head import SwAVPrototypesHead  # noqa: F401  (registers it)
+from ssl_engine.models.heads.vision_transformer_head import VisionTransformerHead  # noqa: F401

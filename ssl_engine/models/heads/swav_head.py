@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssl_engine.models.heads.dino_head import WeightNormLinear
 from ssl_engine.models.registry import register_model_head
+
+ACTIVATIONS = {"ReLU": lambda: nn.ReLU(inplace=True), "GELU": nn.GELU}
 
 
 @register_model_head("swav_head")
@@ -20,7 +23,10 @@ class SwAVPrototypesHead(nn.Module):
     the model passes them on as separate outputs.  ``num_clusters: []`` builds no prototypes
     (the projection alone, as VISSL's configs that extract or evaluate SwAV's embedding write).
     The prototypes are kept on the unit sphere by the loss's hook when
-    ``LOSS.swav_loss.normalize_last_layer`` is on.
+    ``LOSS.swav_loss.normalize_last_layer`` is on.  With ``use_weight_norm_prototypes`` each
+    set is weight-normalised instead (``weight_g`` starting at 1, ``weight_v``: the
+    parametrisation of dino_head's last layer, as VISSL's DINO configs on XCiT use it);
+    ``activation_name`` (ReLU or GELU) follows the hidden layers.
     """
 
     def __init__(
@@ -32,6 +38,8 @@ class SwAVPrototypesHead(nn.Module):
         return_embeddings: bool = True,
         skip_last_bn: bool = True,
         normalize_feats: bool = True,
+        activation_name: str = "ReLU",
+        use_weight_norm_prototypes: bool = False,
     ):
         super().__init__()
         dims = [int(d) for d in dims]
@@ -44,6 +52,9 @@ class SwAVPrototypesHead(nn.Module):
         if not num_clusters and not return_embeddings:
             raise ValueError("swav_head with num_clusters: [] outputs its embedding only: it "
                              "needs return_embeddings: true")
+        if activation_name not in ACTIVATIONS:
+            raise ValueError(f"swav_head: activation_name must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {activation_name!r}")
         layers: List[nn.Module] = []
         for index in range(len(dims) - 1):
             layers.append(nn.Linear(dims[index], dims[index + 1], bias=use_bias))
@@ -51,13 +62,15 @@ class SwAVPrototypesHead(nn.Module):
                 break
             if use_bn:
                 layers.append(nn.BatchNorm1d(dims[index + 1]))
-            layers.append(nn.ReLU(inplace=True))
+            layers.append(ACTIVATIONS[activation_name]())
         self.projection_head = nn.Sequential(*layers)
         self.normalize_feats = bool(normalize_feats)
         self.return_embeddings = bool(return_embeddings)
         self.num_clusters = num_clusters
         for index, clusters in enumerate(num_clusters):
-            self.add_module(f"prototypes{index}", nn.Linear(dims[-1], clusters, bias=False))
+            self.add_module(f"prototypes{index}", WeightNormLinear(dims[-1], clusters)
+                            if use_weight_norm_prototypes
+                            else nn.Linear(dims[-1], clusters, bias=False))
         self.in_dim, self.embedding_dim = dims[0], dims[-1]
         self.num_outputs = len(num_clusters) + int(self.return_embeddings)
 
@@ -68,6 +81,8 @@ class SwAVPrototypesHead(nn.Module):
     def normalize_prototypes(self) -> None:
         """Every prototype vector back to unit length."""
         for layer in self.prototype_layers():
+            if isinstance(layer, WeightNormLinear):  # its rows have the norms weight_g gives
+                continue
             layer.weight.copy_(F.normalize(layer.weight, dim=1))
 
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
