@@ -2,9 +2,10 @@
 
 A ViT normally cuts the image into PATCH_SIZE x PATCH_SIZE patches with one strided
 convolution. On small data that layer is hard to optimise: on the bundled digits (16x16,
-1437 training images) a 6-block ViT with 2x2 patches fitted the labels to 46% test top-1 in
-10 epochs, the same ViT with this stem to 84% in 6 (Xiao et al. 2021, "Early convolutions help
-transformers see better", make the same observation at ImageNet scale).
+1437 training images) a 6-block ViT with 2x2 patches trained on the labels reached 46% test
+top-1 in 10 epochs, the same ViT with this stem 84% in 6, and DINO's 1-shot accuracy on the
+digits went from 22.8% to 47.3% with it (quickstart/dino_vit_digits.yaml). Xiao et al. 2021
+("Early convolutions help transformers see better") report the same effect at ImageNet scale.
 
 The stem is a stack of 3x3 convolutions, each followed by a batch norm and a ReLU, with the
 widths given in ``HYBRID.CONV_STEM``: the first log2(PATCH_SIZE) of them have stride 2, the
