@@ -152,7 +152,7 @@ def test_concat4_outputs_need_four_blocks():
     ("QK_SCALE", True),
     ("CHECKPOINT_MLP", True),
     ("CLASSIFIER", "gap"),
-    ("MASKED_IMAGE_MODELING.NAME", "ibot"),
+    ("MASKED_IMAGE_MODELING.NAME", "msn"),
 ])
 def test_unsupported_settings_are_refused_naming_the_key(key, value):
     cfg = vit_cfg()

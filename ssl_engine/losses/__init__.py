@@ -11,6 +11,8 @@ from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
 from ssl_engine.losses.dino_loss import DINOLoss
+from ssl_engine.losses.ibot_loss import IBOTLoss
+from ssl_engine.losses.mae_loss import MAELoss
 from ssl_engine.losses.moco_loss import MoCoLoss
 from ssl_engine.losses.moco_v3_loss import MoCoV3Loss
 from ssl_engine.losses.simclr_info_nce_loss import SimclrInfoNCELoss
@@ -42,6 +44,8 @@ __all__ = [
     "BarlowTwinsLoss",
     "BYOLLoss",
     "DINOLoss",
+    "IBOTLoss",
+    "MAELoss",
     "MoCoLoss",
     "MoCoV3Loss",
     "SimSiamLoss",
