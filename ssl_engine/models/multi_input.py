@@ -4,11 +4,12 @@ its iBOT configs use it).
 Each entry is ``[input name, {"feat_names": [trunk outputs], "additional_keys": [names]}]``.
 Given a dict of inputs (the masking collator's ``global_views``, ``local_views``, ``mask``),
 the trunk runs once per entry whose input is present, in the mapping's order, asked for
-``feat_names`` and given the ``additional_keys`` inputs as keyword arguments (``mask=...``);
+``feat_names`` and given those of the ``additional_keys`` inputs that are present as keyword
+arguments (``mask=...``; iBOT's teacher gets the global views without their masks);
 the heads then run on the list of every output so produced (a lone output: itself), and
 each head also receives, as keyword arguments, the additional inputs its ``forward`` names
-(MAE's decoder takes ``mask``).  Entries whose input is absent are skipped: iBOT's teacher
-gets the global views alone.
+(MAE's decoder takes ``mask``).  Entries whose input is absent are skipped (the teacher has
+no local views).
 """
 import inspect
 from typing import Dict, List, NamedTuple, Sequence
@@ -72,11 +73,7 @@ def mapped_trunk_outputs(trunk: nn.Module, entries: Sequence[InputEntry],
     for entry in entries:
         if entry.input_name not in inputs:
             continue
-        missing = [key for key in entry.additional_keys if key not in inputs]
-        if missing:
-            raise ValueError(f"{KEY}: the input {entry.input_name!r} needs {missing}, absent "
-                             f"from the batch's inputs {sorted(inputs)}")
-        keywords = {key: inputs[key] for key in entry.additional_keys}
+        keywords = {key: inputs[key] for key in entry.additional_keys if key in inputs}
         outputs.extend(trunk(inputs[entry.input_name], entry.feat_names, **keywords))
         extras.update(keywords)
     if not outputs:
