@@ -12,9 +12,9 @@ from ssl_engine.models.registry import register_model_head
 @register_model_head("ibot_head")
 class IBOTHead(DINOHead):
     """``dino_head`` (its MLP, bottleneck and ``prototypes0``: ``out_dim`` class-token scores)
-    plus, unless ``shared_head``, ``prototypes1``: a weight-normalised layer to
-    ``patch_out_dim`` patch scores (VISSL's names: TEMP_FROZEN_PARAMS_ITER_MAP entries
-    ``heads.0.prototypes1.weight_v`` freeze it).
+    plus ``prototypes1``, the patches' weight-normalised layer to ``patch_out_dim`` scores:
+    with ``shared_head``, ``prototypes0`` itself under a second name (so VISSL's
+    TEMP_FROZEN_PARAMS_ITER_MAP entries ``heads.0.prototypes1.weight_v`` name it too).
 
     Input: the trunk's ``lastBLK`` tokens [N, 1 + L, D] of the global views, optionally
     followed by the ``lastCLS`` features [M, D] of the local views (MULTI_INPUT_HEAD_MAPPING's
@@ -36,7 +36,9 @@ class IBOTHead(DINOHead):
         self.shared_head = bool(shared_head)
         self.out_dim, self.patch_out_dim = int(out_dim), patch_out_dim
         self.num_outputs = 2
-        if not self.shared_head:
+        if self.shared_head:  # the same module under both names, as iBOT's shared head
+            self.prototypes1 = self.prototypes0
+        else:
             self.prototypes1 = WeightNormLinear(bottleneck_dim, patch_out_dim)
             self.prototypes1.weight_g.requires_grad = not normalize_last_layer
 
@@ -53,5 +55,4 @@ class IBOTHead(DINOHead):
         flat = self.bottleneck(torch.cat([tokens.reshape(rows * length, dim)] + rest, dim=0))
         tokens_out = flat[:rows * length].view(rows, length, -1)
         classes = torch.cat([tokens_out[:, 0]] + [flat[rows * length:]], dim=0)
-        prototypes = self.prototypes0 if self.shared_head else self.prototypes1
-        return [self.prototypes0(classes), prototypes(tokens_out[:, 1:])]
+        return [self.prototypes0(classes), self.prototypes1(tokens_out[:, 1:])]
