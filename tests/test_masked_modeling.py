@@ -225,3 +225,17 @@ def test_mae_decoder_puts_visible_tokens_back_in_grid_order():
         hidden = mask[row].flatten().nonzero()[:, 0]
         torch.testing.assert_close(seen["x"][row, 1 + hidden] - position[hidden],
                                    decoder.mask_token[0].expand(len(hidden), -1))
+
+
+def test_mae_linear_probe_head_is_a_batch_norm_without_scale_and_shift():
+    from ssl_engine.models.heads.eval_mlp import EvalMLP
+
+    torch.manual_seed(0)
+    head = EvalMLP(8, [8, 3], affine=False, eps=1e-6)
+    assert [name for name, _ in head.named_parameters()] == ["mlp.clf.0.weight",
+                                                             "mlp.clf.0.bias"]
+    features = torch.randn(16, 8) * 5 + 2
+    linear = head.mlp.clf[0]
+    standardised = (features - features.mean(0)) / (features.var(0, unbiased=False)
+                                                     + 1e-6).sqrt()
+    torch.testing.assert_close(head(features), standardised @ linear.weight.T + linear.bias)
