@@ -63,7 +63,7 @@ class IBOTLoss(MomentumTargetLoss):
                  teacher_patch_temp: float = 0.07, warmup_teacher_temp_epochs: int = 30,
                  student_temp: float = 0.1, center_momentum: float = 0.9,
                  center_momentum2: float = 0.9, lambda1: float = 1.0, lambda2: float = 1.0,
-                 mim_start_epoch: int = 0, num_global_crops: int = 2, num_local_crops: int = 0,
+                 mim_start_epoch: int = 0, num_global_crops: int = 2, num_local_crops: int = 8,
                  out_dim: int = 8192, patch_out_dim: int = 8192, num_epochs: int = 10):
         super().__init__(teacher_momentum, "cosine")
         temps = (warmup_teacher_temp, teacher_temp, warmup_teacher_patch_temp,
