@@ -320,3 +320,10 @@ def test_without_class_token_linear_eval_on_named_pool_layer():
     assert list(layers) == ["concatPOOL4", "lastPOOL"]
     torch.testing.assert_close(layers["concatPOOL4"], expected[0])
     torch.testing.assert_close(layers["lastPOOL"], expected[1])
+
+
+def test_attention_runs_through_torchs_fused_kernel():
+    # timm's Attention calls torch.nn.functional.scaled_dot_product_attention when fused_attn
+    # is on (its default unless TIMM_FUSED_ATTN=0): the flash / memory-efficient kernels on GPUs
+    trunk = make_model().trunk
+    assert all(block.attn.fused_attn for block in trunk.vit.blocks)
