@@ -31,7 +31,8 @@ bare fp32, and the start-up time (launch to the first iteration's log line; the 
 iteration included); then, per engine variant, the step's parts from HOOKS.PERF_STATS (the
 last round's metrics.json).
 
-    python benchmarks/train_speed.py [--workload resnet50|resnet18|mae_vit_b16|mae_vit_s16|quickstart] [--rounds 2] [--iters 20]
+    python benchmarks/train_speed.py
+        [--workload resnet50|resnet18|mae_vit_b16|mae_vit_s16|quickstart] [--rounds 2] [--iters 20]
         [--workers N] [--variants ...] [config.A.B=v ...]
 """
 import argparse

@@ -36,7 +36,8 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed")
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
-    straight_loss, resumed_loss = loss_state(tmp_path / "straight"), loss_state(tmp_path / "crashed")
+    straight_loss = loss_state(tmp_path / "straight")
+    resumed_loss = loss_state(tmp_path / "crashed")
     assert straight_loss.keys() == resumed_loss.keys()
     if method == "ibot":  # the teacher and both centers are checkpointed
         assert {"center", "center2"} <= set(straight_loss)

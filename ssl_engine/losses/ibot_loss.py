@@ -78,14 +78,18 @@ class IBOTLoss(MomentumTargetLoss):
             raise ValueError(f"ibot_loss needs at least 1 global crop and 2 crops, got "
                              f"num_global_crops={num_global_crops}, "
                              f"num_local_crops={num_local_crops}")
-        self.warmup_teacher_temp, self.teacher_temp = float(warmup_teacher_temp), float(teacher_temp)
+        self.warmup_teacher_temp = float(warmup_teacher_temp)
+        self.teacher_temp = float(teacher_temp)
         self.warmup_teacher_patch_temp = float(warmup_teacher_patch_temp)
         self.teacher_patch_temp = float(teacher_patch_temp)
-        self.warmup_epochs, self.mim_start_epoch = int(warmup_teacher_temp_epochs), int(mim_start_epoch)
+        self.warmup_epochs = int(warmup_teacher_temp_epochs)
+        self.mim_start_epoch = int(mim_start_epoch)
         self.student_temp = float(student_temp)
-        self.center_momentum, self.center_momentum2 = float(center_momentum), float(center_momentum2)
+        self.center_momentum = float(center_momentum)
+        self.center_momentum2 = float(center_momentum2)
         self.lambda1, self.lambda2 = float(lambda1), float(lambda2)
-        self.num_global_crops, self.num_crops = int(num_global_crops), int(num_global_crops + num_local_crops)
+        self.num_global_crops = int(num_global_crops)
+        self.num_crops = int(num_global_crops + num_local_crops)
         self.out_dim, self.patch_out_dim = int(out_dim), int(patch_out_dim)
         self.num_epochs = max(1, int(num_epochs))
         self.register_buffer("center", torch.zeros(1, self.out_dim))
@@ -132,8 +136,9 @@ class IBOTLoss(MomentumTargetLoss):
         teacher_cls, teacher_patch = (o.detach() for o in self.get_target_output()[-2:])
         globals_ = self.num_global_crops
         mask = target.flatten(1).to(student_patch.dtype)
-        if (student_cls.shape[0] != self.num_crops * (teacher_cls.shape[0] // globals_)
-                or student_patch.shape[:2] != mask.shape or teacher_patch.shape != student_patch.shape):
+        batch = teacher_cls.shape[0] // globals_
+        if (student_cls.shape[0] != self.num_crops * batch or student_patch.shape[:2] != mask.shape
+                or teacher_patch.shape != student_patch.shape):
             raise ValueError(
                 f"ibot_loss: class scores {tuple(student_cls.shape)} (teacher "
                 f"{tuple(teacher_cls.shape)}), patch scores {tuple(student_patch.shape)} (teacher "
