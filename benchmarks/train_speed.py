@@ -13,6 +13,11 @@ Workloads:
   bf16 + channels_last", the reference of the engine's variants that use bfloat16).
 - ``resnet18``: the same with a ResNet-18 trunk (a shorter step, so start-up differences
   stand out).
+- ``mae_vit_b16`` / ``mae_vit_s16``: MAE, a ViT-B/16 (or ViT-S/16) encoder on the 49 visible
+  patches of 224x224 synthetic crops, a decoder of 8 blocks of width 512, batch 8
+  (configs/config/benchmark/mae_vit_synthetic.yaml), against benchmarks/bare_mae_loop.py
+  (timm's VisionTransformer and Blocks, eager) in float32 and in bfloat16 autocast (its
+  "bare bf16 + channels_last" row: channels_last is not applied to a ViT).
 - ``quickstart``: the SimCLR quickstart (half-width ResNet-18 on 16x16 digits, batch 128),
   its speed settings switched off for the fp32 variant; no bare loop builds that model, so its
   ratios are to the engine in fp32 eager.
@@ -26,7 +31,8 @@ bare fp32, and the start-up time (launch to the first iteration's log line; the 
 iteration included); then, per engine variant, the step's parts from HOOKS.PERF_STATS (the
 last round's metrics.json).
 
-    python benchmarks/train_speed.py [--workload resnet50|resnet18|quickstart] [--rounds 2] [--iters 20]
+    python benchmarks/train_speed.py
+        [--workload resnet50|resnet18|mae_vit_b16|mae_vit_s16|quickstart] [--rounds 2] [--iters 20]
         [--workers N] [--variants ...] [config.A.B=v ...]
 """
 import argparse
@@ -42,7 +48,13 @@ REPO = Path(__file__).resolve().parents[1]
 AMP = "config.MODEL.AMP_PARAMS.USE_AMP=true"
 CL = "config.MODEL.CHANNELS_LAST=true"
 COMPILE = "config.MODEL.COMPILE.USE_COMPILE=true"
-DEPTHS = {"resnet50": 50, "resnet18": 18}  # the workloads with a bare loop
+DEPTHS = {"resnet50": 50, "resnet18": 18}  # the SimCLR workloads with a bare loop
+MAE_VITS = {"mae_vit_b16": "b16", "mae_vit_s16": "s16"}  # the MAE workloads with a bare loop
+VIT_S16 = ["config.MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=384",
+           "config.MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=6",
+           "config.MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=1536",
+           "config.MODEL.HEAD.PARAMS=[[mae_decoder,{in_dim:384,patch_size:16,decoder_dim:512,"
+           "depth:8,num_heads:16}]]"]
 BARE = {"bare fp32": [], "bare bf16 + channels_last": ["--bf16", "--channels-last"]}
 VARIANTS = {
     "engine fp32": [],
@@ -79,9 +91,15 @@ def reference_of(name: str) -> str:
 
 
 def run_bare(args, name: str):
-    command = [sys.executable, "benchmarks/bare_simclr_loop.py", f"--iters={args.iters}",
-               f"--batch={args.batch}", f"--workers={args.bare_workers}",
-               f"--depth={DEPTHS[args.workload]}", *BARE[name]]
+    if args.workload in MAE_VITS:  # a ViT: bfloat16 without channels_last
+        flags = ["--bf16"] if "--bf16" in BARE[name] else []
+        command = [sys.executable, "benchmarks/bare_mae_loop.py", f"--iters={args.iters}",
+                   f"--batch={args.batch}", f"--workers={args.bare_workers}",
+                   f"--vit={MAE_VITS[args.workload]}", *flags]
+    else:
+        command = [sys.executable, "benchmarks/bare_simclr_loop.py", f"--iters={args.iters}",
+                   f"--batch={args.batch}", f"--workers={args.bare_workers}",
+                   f"--depth={DEPTHS[args.workload]}", *BARE[name]]
     startup, lines = timed_process(command, "iter 1 ")
     times = [float(line.split()[2]) for line in lines if line.startswith("iter ")]
     return startup, times
@@ -98,7 +116,12 @@ def quickstart_steps() -> tuple:
 
 
 def engine_command(args, overrides, folder: Path):
-    if args.workload in DEPTHS:
+    if args.workload in MAE_VITS:
+        base = ["config=benchmark/mae_vit_synthetic",
+                f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
+                f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={args.batch * args.iters}",
+                *(VIT_S16 if args.workload == "mae_vit_s16" else [])]
+    elif args.workload in DEPTHS:
         base = ["config=benchmark/simclr_resnet50_synthetic",
                 f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
                 f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={args.batch * args.iters}"]
@@ -131,7 +154,8 @@ def run_engine(args, overrides, folder: Path):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=[*DEPTHS, "quickstart"], default="resnet50")
+    parser.add_argument("--workload", choices=[*DEPTHS, *MAE_VITS, "quickstart"],
+                        default="resnet50")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -144,8 +168,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.bare_workers = args.workers if args.workers is not None else auto_workers()
     args.images_per_step, args.steps_per_epoch = (
-        (args.batch, args.iters) if args.workload in DEPTHS else quickstart_steps())
-    bare = [name for name in BARE if args.workload in DEPTHS and
+        (args.batch, args.iters) if args.workload in {**DEPTHS, **MAE_VITS}
+        else quickstart_steps())
+    bare = [name for name in BARE if args.workload in {**DEPTHS, **MAE_VITS} and
             any(reference_of(variant) == name for variant in args.variants)]
     names = bare + args.variants
     times = {name: [] for name in names}

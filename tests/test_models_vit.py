@@ -152,7 +152,7 @@ def test_concat4_outputs_need_four_blocks():
     ("QK_SCALE", True),
     ("CHECKPOINT_MLP", True),
     ("CLASSIFIER", "gap"),
-    ("MASKED_IMAGE_MODELING.NAME", "ibot"),
+    ("MASKED_IMAGE_MODELING.NAME", "beit"),
 ])
 def test_unsupported_settings_are_refused_naming_the_key(key, value):
     cfg = vit_cfg()
@@ -354,3 +354,10 @@ def test_conv_stem_refuses_a_stride_it_cannot_reach(overrides, message):
     overrides.setdefault("HYBRID", {"CONV_STEM": [8, 16]})
     with pytest.raises(ValueError, match=message):
         make_model(**overrides)
+
+
+def test_attention_runs_through_torchs_fused_kernel():
+    # timm's Attention calls torch.nn.functional.scaled_dot_product_attention when fused_attn
+    # is on (its default unless TIMM_FUSED_ATTN=0): the flash / memory-efficient kernels on GPUs
+    trunk = make_model().trunk
+    assert all(block.attn.fused_attn for block in trunk.vit.blocks)

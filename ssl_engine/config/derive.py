@@ -3,6 +3,7 @@ import logging
 import os
 
 from ssl_engine.config.attr_dict import AttrDict
+from ssl_engine.config.masked_modeling import derive_masked_modeling
 from ssl_engine.config.validate import get_dotted
 from ssl_engine.data.catalog import resolve_dataset_names
 from ssl_engine.optimizers import apply_auto_lr_scaling
@@ -221,6 +222,7 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     _check_phases(cfg)
     _check_ema_model(cfg)
     _derive_loss_settings(cfg)
+    derive_masked_modeling(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
         cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer

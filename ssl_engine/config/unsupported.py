@@ -62,7 +62,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
     "config.MODEL.NON_TRAINABLE_PARAMS": "not implemented; use MODEL.TEMP_FROZEN_PARAMS_ITER_MAP "
                                          "with a large iteration count",
-    "config.MODEL.MULTI_INPUT_HEAD_MAPPING": "heads fed by other sample keys are not implemented",
     "config.MODEL.SINGLE_PASS_EVERY_CROP": "crops of one size always go through together",
     # FSDP_CONFIG: flatten_parameters, mixed_precision, compute_dtype, fp32_reduce_scatter and
     # AUTO_WRAP_THRESHOLD are read by self_supervision_fsdp_task (torch's FSDP2; docs/scaling.md)
@@ -133,7 +132,7 @@ UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (
             "nce_loss_with_memory", "multicrop_simclr_info_nce_loss", "swav_momentum_loss",
-            "ibot_loss", "deepclusterv2_loss", "bce_logits_multiple_output_single_target",
+            "deepclusterv2_loss", "bce_logits_multiple_output_single_target",
             "ibot_distillation_loss", "msn_distillation_loss")},
         "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
                             "for one output)",

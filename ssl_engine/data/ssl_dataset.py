@@ -26,7 +26,8 @@ LABEL_TYPES = ("standard", "sample_index", "zero")
 
 class GenericSSLDataset(Dataset):
     """``ds[i]`` -> {"data": [view tensors], "label": [label per view], "data_idx": i,
-    "data_valid": True}. A label is an int (one class) or a 1-D tensor (a row of an [N, C]
+    "data_valid": True}, and "mask": [patch mask per view] after a masking transform
+    (transforms/masking.py). A label is an int (one class) or a 1-D tensor (a row of an [N, C]
     label file, or what a ``maps_label`` transform such as OneHotEncode made of it).
 
     The random augmentation of sample i in epoch e is a pure function of (SEED_VALUE, e, i):
@@ -125,12 +126,16 @@ class GenericSSLDataset(Dataset):
             raise ImageLoadError(f"no readable image in config.DATA.{self.split}")
         with seeded_rngs(sample_seed(self.seed_value, epoch, position)):
             views, view_labels = self.transform.apply(image)
+        masks = getattr(views, "masks", None)  # MaskedViews: patch masks (transforms/masking.py)
         views = views if isinstance(views, list) else [views]
         views = [view if isinstance(view, torch.Tensor) else to_tensor(view) for view in views]
         view_labels = view_labels or [None] * len(views)  # set by e.g. ImgRotatePil
         labels = [sample_label(self.transform.map_label(label if own is None else own))
                   for own in view_labels]
-        return {"data": views, "label": labels, "data_idx": position, "data_valid": valid}
+        sample = {"data": views, "label": labels, "data_idx": position, "data_valid": valid}
+        if masks is not None:
+            sample["mask"] = masks
+        return sample
 
 
 def _with_local_copies(cfg, split: str):

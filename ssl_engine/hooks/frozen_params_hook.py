@@ -39,7 +39,8 @@ def check_frozen_params(entries: Sequence, model: nn.Module) -> Dict[str, int]:
     (with the closest name).  Called before launch (engines/train.py, on the model built on
     the meta device) and by the hook when the run starts."""
     frozen = parse_frozen_params(entries)
-    names = [name for name, _ in model.named_parameters()]
+    # every name, also the second name of a shared module (ibot_head's shared prototypes)
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     for name in frozen:
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
@@ -63,7 +64,7 @@ class FrozenParamsHook(SSLHook):
         check_frozen_params(self.entries, task.base_model)
 
     def on_backward(self, task) -> None:
-        params = dict(task.base_model.named_parameters())
+        params = dict(task.base_model.named_parameters(remove_duplicate=False))
         for name, iterations in self.frozen.items():
             if task.iteration < iterations:
                 params[name].grad = None

@@ -90,6 +90,8 @@ def batch_counts(batch) -> Tuple[int, int]:
             return obj.shape[0] if obj.dim() == 4 else 0
         if isinstance(obj, (list, tuple)):
             return sum(rows(item) for item in obj)
+        if isinstance(obj, dict):  # named inputs (the masking collator)
+            return sum(rows(item) for item in obj.values())
         return 0
 
     views = rows(batch.get("input")) + rows(batch.get("input_momentum")) or len(batch["target"])

@@ -156,7 +156,9 @@ class OnlineLinearProbeHook(SSLHook):
         features, self._features = self._features, None
         if features is None:
             return
-        targets = task.last_batch["target"]
+        # the labels: the batch's "label" where its target is something else (the masking
+        # collator's patch masks), else its target
+        targets = task.last_batch.get("label", task.last_batch["target"])
         targets = targets.reshape(len(targets), -1)[: len(features), 0]
         self._train_step(task, pooled(features.float()), targets)
 

@@ -12,6 +12,8 @@ from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
 )
 from ssl_engine.losses.dino_loss import DINOLoss
 from ssl_engine.losses.distillation import DINODistillationLoss, DistillationLoss
+from ssl_engine.losses.ibot_loss import IBOTLoss
+from ssl_engine.losses.mae_loss import MAELoss
 from ssl_engine.losses.moco_loss import MoCoLoss
 from ssl_engine.losses.moco_v3_loss import MoCoV3Loss
 from ssl_engine.losses.msn_loss import MSNLoss
@@ -47,6 +49,8 @@ __all__ = [
     "DINOLoss",
     "DINODistillationLoss",
     "DistillationLoss",
+    "IBOTLoss",
+    "MAELoss",
     "MoCoLoss",
     "MoCoV3Loss",
     "MSNLoss",

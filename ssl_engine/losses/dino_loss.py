@@ -70,6 +70,30 @@ def crop_rows(inputs, crops: Sequence[int], num_crops: int, num_crops_key: str):
     return selected[0] if len(selected) == 1 else selected
 
 
+def cross_crop_entropy(targets: torch.Tensor, log_probs: torch.Tensor, teachers: int,
+                       crops: int) -> torch.Tensor:
+    """DINO's loss per teacher crop [teachers]: the cross-entropy of the teacher's
+    distributions ``targets`` ([teachers * B, K], crop-major; crop t is the student's crop t)
+    with the student's ``log_probs`` ([crops * B, K]) of every other crop, averaged over the
+    samples and over all ``teachers * (crops - 1)`` pairs (the terms add up to the mean)."""
+    batch = targets.shape[0] // teachers
+    # [teacher crop, student crop]: cross-entropies summed over the samples
+    cross = -torch.einsum("tbk,sbk->ts", targets.view(teachers, batch, -1),
+                          log_probs.view(crops, batch, -1))
+    other_crop = 1 - torch.eye(teachers, crops, dtype=cross.dtype, device=cross.device)
+    return (cross * other_crop).sum(dim=1) / (teachers * (crops - 1) * batch)
+
+
+@torch.no_grad()
+def ema_towards_global_mean_(center: torch.Tensor, rows: torch.Tensor, momentum: float) -> None:
+    """``center = momentum * center + (1 - momentum) * mean``, the mean of ``rows`` [R, K] over
+    every rank's rows (a center of DINO or iBOT)."""
+    sums = torch.cat([rows.sum(dim=0), rows.new_full((1,), rows.shape[0])])
+    sums = all_reduce_sum(sums)
+    mean = (sums[:-1] / sums[-1]).view_as(center)
+    center.mul_(momentum).add_(mean, alpha=1.0 - momentum)
+
+
 @register_loss("dino_loss")
 class DINOLoss(MomentumTargetLoss):
     """The model gives the ``dino_head``'s scores for all ``num_crops * B`` rows, crop-major
@@ -181,13 +205,7 @@ class DINOLoss(MomentumTargetLoss):
         else:
             targets = centered_targets(teacher, self.center, temperature)
         log_probs = F.log_softmax(student / self.student_temp, dim=1)
-        # [teacher crop, student crop]: cross-entropies summed over the samples
-        cross = -torch.einsum("tbk,sbk->ts", targets.view(teachers, batch, -1),
-                              log_probs.view(self.num_crops, batch, -1))
-        pairs = teachers * (self.num_crops - 1)
-        other_crop = torch.ones_like(cross)
-        other_crop[torch.arange(teachers), torch.tensor(self.crops_for_teacher)] = 0
-        per_teacher_crop = (cross * other_crop).sum(dim=1) / (pairs * batch)
+        per_teacher_crop = cross_crop_entropy(targets, log_probs, teachers, self.num_crops)
         terms = {f"teacher_crop{crop}": per_teacher_crop[index]
                  for index, crop in enumerate(self.crops_for_teacher)}
         if self.koleo_loss_weight > 0:
@@ -241,7 +259,4 @@ class DINOLoss(MomentumTargetLoss):
     @torch.no_grad()
     def update_center(self, teacher: torch.Tensor) -> None:
         """EMA of the center towards the mean teacher output over every rank's rows."""
-        sums = torch.cat([teacher.sum(dim=0), teacher.new_full((1,), teacher.shape[0])])
-        sums = all_reduce_sum(sums)
-        mean = sums[:-1] / sums[-1]
-        self.center.mul_(self.ema_center).add_(mean.unsqueeze(0), alpha=1.0 - self.ema_center)
+        ema_towards_global_mean_(self.center, teacher, self.ema_center)

@@ -9,10 +9,16 @@ from torch import nn
 
 from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings
 from ssl_engine.models.heads.mlp import MLP
+from ssl_engine.models.multi_input import (
+    check_mapping,
+    head_keywords,
+    mapped_trunk_outputs,
+    parse_mapping,
+)
 from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
 from ssl_engine.models.state_dict import load_state_dict_strict
 
-ModelInput = Union[torch.Tensor, Sequence[torch.Tensor]]
+ModelInput = Union[torch.Tensor, Sequence[torch.Tensor], Dict[str, torch.Tensor]]
 
 
 def build_head(index: int, entry) -> nn.Module:
@@ -125,6 +131,9 @@ class BaseSSLMultiInputOutputModel(nn.Module):
     FREEZE_TRUNK_ONLY / FREEZE_TRUNK_AND_HEAD turn off the gradients of the trunk / of
     everything and keep those parts in eval mode even under ``train()``. With EVAL_MODE_ON and
     EXTRACT_TRUNK_FEATURES_ONLY the model is a trunk feature extractor: no head is built.
+
+    With MODEL.MULTI_INPUT_HEAD_MAPPING, ``forward`` also takes a dict of named inputs (the
+    masking collator's): see models/multi_input.py.
     """
 
     def __init__(self, model_cfg):
@@ -139,6 +148,8 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         scale_head_weights(self.heads, model_cfg.HEAD)
         self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
+        self.input_mapping = parse_mapping(model_cfg.get("MULTI_INPUT_HEAD_MAPPING"))
+        check_mapping(self.input_mapping, self.trunk)
         self._check_eval_settings()
         if self.eval_settings.freeze_trunk_and_head:
             freeze(self)
@@ -209,6 +220,8 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         return self._stage_outputs(x, self.eval_settings.stages, list(self.feat_pools))
 
     def forward(self, x: ModelInput) -> List[torch.Tensor]:
+        if isinstance(x, dict):
+            return self._forward_named(x)
         if self.eval_settings.heads_per_stage:
             features = [torch.flatten(f, 1) for f in self._stage_output_list(
                 x, self.eval_settings.stages, list(self.feat_pools))]
@@ -228,6 +241,23 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                     raise ValueError(f"MODEL.HEAD.PARAMS[{index - 1}] gives several outputs: "
                                      "such a head (e.g. swav_head) must be the last one")
                 output = head(output)
+                head_outputs.append(output)
+        return flatten_outputs(head_outputs[index] for index in self.output_heads)
+
+    def _forward_named(self, inputs: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+        """The heads on the trunk's outputs for MULTI_INPUT_HEAD_MAPPING's inputs."""
+        if not self.input_mapping:
+            raise ValueError("the model got named inputs (a dict) but "
+                             "config.MODEL.MULTI_INPUT_HEAD_MAPPING is empty")
+        outputs, extras = mapped_trunk_outputs(self.trunk, self.input_mapping, inputs)
+        if not self.heads:
+            return outputs
+        head_outputs = []
+        with float32_heads(outputs[0]) as to_float:
+            output = [to_float(o) for o in outputs] if len(outputs) > 1 else to_float(outputs[0])
+            for head in self.heads:
+                keywords = {k: extras[k] for k in head_keywords(head) if k in extras}
+                output = head(output, **keywords)
                 head_outputs.append(output)
         return flatten_outputs(head_outputs[index] for index in self.output_heads)
 

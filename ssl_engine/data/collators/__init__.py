@@ -1,10 +1,12 @@
 """Collators: a list of samples -> {"input", "target", "data_idx", "data_valid"} (and
-"input_momentum" for moco_collator)."""
+"input_momentum" for moco_collator; "input" is a dict of named inputs for the masking
+collator)."""
 import functools
 
 from ssl_engine.data.collators import (  # noqa: F401  (importing registers them)
     cutmixup,
     default,
+    masking,
     moco,
     multicrop,
     siamese,

@@ -6,6 +6,7 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     img_replicate,
     jigsaw,
     lab,
+    masking,
     multicrop,
     multicrop_random_apply,
     one_hot_encode,

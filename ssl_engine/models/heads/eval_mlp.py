@@ -12,7 +12,9 @@ from ssl_engine.models.registry import register_model_head
 class EvalMLP(nn.Module):
     """BatchNorm1d(``in_channels``) on the flattened input when ``use_bn``, then an ``mlp`` head
     of sizes ``dims`` = [in_channels, ..., num_classes] (ReLU between its layers when
-    ``use_relu``).  The batch norm puts features of any scale on one footing for the classifier.
+    ``use_relu``).  The batch norm puts features of any scale on one footing for the classifier;
+    ``affine: false`` leaves out its scale and shift (MAE's linear probe: a batch norm without
+    them, eps 1e-6, before the linear layer).
 
     ``dims[0]`` may also be ``in_channels`` times the positions of a pooled map (e.g. 512
     channels pooled to 2x1: dims [1024, ...]), as VISSL's configs write: the batch norm then
@@ -28,6 +30,7 @@ class EvalMLP(nn.Module):
         use_relu: bool = False,
         eps: float = 1e-5,
         momentum: float = 0.1,
+        affine: bool = True,
     ):
         super().__init__()
         in_channels = int(in_channels)
@@ -39,7 +42,8 @@ class EvalMLP(nn.Module):
             )
         self.positions = dims[0] // in_channels
         self.channel_bn = (
-            nn.BatchNorm1d(in_channels, eps=eps, momentum=momentum) if use_bn else None
+            nn.BatchNorm1d(in_channels, eps=eps, momentum=momentum, affine=bool(affine))
+            if use_bn else None
         )
         self.mlp = MLP(dims, use_relu=use_relu)
 

@@ -15,7 +15,22 @@ Outputs, named as in VISSL (all [N, dim]):
 - ``lastPOOL``: mean of the last block's patch tokens after the final norm (D);
 - ``concatPOOL4``: the same mean for each of the last 4 blocks, concatenated (4D).
 
+- ``lastBLK``: every token of the last block after the final norm ([N, 1 + L, D] with the
+  class token first; VISSL's name), the input of iBOT's and MAE's heads.
+
 The ``concat*4`` outputs exist when the trunk has at least 4 blocks.
+
+Masked image modelling (MASKED_IMAGE_MODELING.NAME), with ``forward(x, keys, mask=...)``, a
+boolean mask [N, h, w] over the patch grid (True: masked; from the data pipeline's
+MaskedImageModeling / RandomPatchMasking transforms):
+
+- ``ibot``: the embedding of every masked patch is replaced by a learned mask token before the
+  position embeddings are added (Zhou et al. 2022); all tokens go through the blocks.
+- ``mae``: the encoder runs on the visible patches only (He et al. 2022): position embeddings
+  are added to every patch, then the visible ones are gathered (in grid order) before the
+  blocks; ``lastBLK`` is then [N, 1 + visible, D].  Every image must mask as many patches.
+
+Without a mask (evaluation, the teacher, the local crops) the trunk is the plain ViT.
 
 ``USE_CLASS_TOKEN: false`` (VISSL's ViT without a class token): the tokens are the patches
 only (position embeddings for the patches alone, as timm's ``class_token=False``); the
@@ -54,6 +69,16 @@ OUTPUTS: Dict[str, Tuple[int, str]] = {
 }
 
 
+ALL_TOKENS = "lastBLK"
+MASKINGS = ("ibot", "mae", "msn")
+
+
+def _masking(cfg) -> str:
+    """MASKED_IMAGE_MODELING.NAME, "" for none (VISSL's 'none' too)."""
+    name = (cfg.get("MASKED_IMAGE_MODELING") or {}).get("NAME", "") or ""
+    return "" if name == "none" else str(name)
+
+
 def _not_supported(key: str, value, why: str) -> ValueError:
     return ValueError(f"{CONFIG}.{key}={value!r} is not supported: {why}")
 
@@ -71,10 +96,11 @@ def _check_unsupported(cfg) -> None:
     if cfg.get("CHECKPOINT_MLP", False):
         raise _not_supported("CHECKPOINT_MLP", cfg.CHECKPOINT_MLP,
                              "use CHECKPOINT_BLOCK=true to recompute whole blocks instead")
-    masking = (cfg.get("MASKED_IMAGE_MODELING") or {}).get("NAME", "")
-    if masking and masking != "msn":
+    masking = _masking(cfg)
+    if masking and masking not in MASKINGS:
         raise _not_supported("MASKED_IMAGE_MODELING.NAME", masking,
-                             "the trunk's only patch masking is msn (MSN's patch drop)")
+                             f"the trunk's patch masking is one of {', '.join(MASKINGS)} "
+                             "(or empty: none)")
 
 
 def _sizes(cfg) -> Tuple[int, int, int, int, int]:
@@ -133,6 +159,7 @@ class VisionTransformerTrunk(StagedTrunk):
                              f"size {patch_size}")
         dropout = float(cfg.DROPOUT_RATE)
         self.use_class_token = bool(cfg.get("USE_CLASS_TOKEN", True))
+        self.masking = _masking(cfg)
         self.vit = VisionTransformer(
             img_size=image_size,
             patch_size=patch_size,
@@ -167,6 +194,8 @@ class VisionTransformerTrunk(StagedTrunk):
         }
         if not self.use_class_token:
             self.default_out_feat_key = "lastPOOL"
+        if self.masking == "ibot":  # iBOT's learned embedding of a masked patch
+            self.mask_token = torch.nn.Parameter(torch.zeros(1, 1, 1, hidden_dim))
 
     def check_out_feat_keys(self, out_feat_keys: Optional[Sequence[str]]) -> List[str]:
         if not self.use_class_token:
@@ -175,7 +204,9 @@ class VisionTransformerTrunk(StagedTrunk):
                 raise ValueError(f"the ViT output(s) {cls} read the class token, and "
                                  f"{CONFIG}.USE_CLASS_TOKEN=false builds none: use "
                                  f"{', '.join(self.stage_names)} (means of the patch tokens)")
-        return super().check_out_feat_keys(out_feat_keys)
+        # lastBLK is a token sequence, not a feature vector: not one of stage_dims
+        super().check_out_feat_keys([key for key in out_feat_keys or () if key != ALL_TOKENS])
+        return [self.default_out_feat_key] if not out_feat_keys else list(out_feat_keys)
 
     def fsdp_units(self) -> List[torch.nn.Module]:
         """The modules FSDP shards one by one (self_supervision_fsdp_task): the blocks."""
@@ -186,10 +217,14 @@ class VisionTransformerTrunk(StagedTrunk):
                                   "call forward(x, out_feat_keys)")
 
     def forward(
-        self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None
+        self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None,
+        mask: Optional[torch.Tensor] = None,
     ) -> List[torch.Tensor]:
-        """The outputs named in ``out_feat_keys`` (default: lastCLS), in that order."""
+        """The outputs named in ``out_feat_keys`` (default: lastCLS), in that order; with
+        ``mask``, those of the masked input (see the module docstring)."""
         keys = self.check_out_feat_keys(out_feat_keys)
+        if mask is not None or ALL_TOKENS in keys:
+            return self._last_block_outputs(x, keys, mask)
         num_blocks = max(OUTPUTS[key][0] for key in keys)
         # (patch tokens [N, L, D], class token [N, 1, D] or None) of each of the last
         # num_blocks blocks, final norm applied, oldest first
@@ -210,3 +245,54 @@ class VisionTransformerTrunk(StagedTrunk):
             ]
             found[key] = torch.cat(parts, dim=1) if count > 1 else parts[0]
         return [found[key] for key in keys]
+
+    # ------------------------------------------------------------------ masked inputs
+    def _last_block_outputs(self, x: torch.Tensor, keys: Sequence[str],
+                            mask: Optional[torch.Tensor]) -> List[torch.Tensor]:
+        """lastBLK, lastCLS and lastPOOL of one pass, the input masked when ``mask`` is given."""
+        deep = [key for key in keys if key != ALL_TOKENS and OUTPUTS[key][0] > 1]
+        if deep:
+            raise ValueError(f"the ViT outputs {deep} are not computed with {ALL_TOKENS} or a "
+                             "mask: ask for lastCLS, lastPOOL or lastBLK")
+        vit = self.vit
+        tokens = vit.patch_embed(x)  # [N, h, w, D] (dynamic_img_size)
+        if mask is not None:
+            mask = self._check_mask(mask, tokens)
+            if self.masking == "ibot":
+                tokens = torch.where(mask.unsqueeze(-1), self.mask_token.to(tokens.dtype),
+                                     tokens)
+        tokens = vit._pos_embed(tokens)  # [N, prefix + h*w, D]
+        prefix = vit.num_prefix_tokens
+        if mask is not None and self.masking == "mae":
+            patches = tokens[:, prefix:]
+            visible = patches[~mask.flatten(1)].view(len(tokens), -1, patches.shape[-1])
+            tokens = torch.cat([tokens[:, :prefix], visible], dim=1)
+        tokens = vit.norm_pre(vit.patch_drop(tokens))
+        for block in vit.blocks:
+            if vit.grad_checkpointing and torch.is_grad_enabled():
+                tokens = torch.utils.checkpoint.checkpoint(block, tokens, use_reentrant=False)
+            else:
+                tokens = block(tokens)
+        tokens = vit.norm(tokens)
+        found = {ALL_TOKENS: tokens, "lastCLS": tokens[:, 0] if prefix else None,
+                 "lastPOOL": tokens[:, prefix:].mean(dim=1)}
+        return [found[key] for key in keys]
+
+    def _check_mask(self, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``mask`` as booleans [N, h, w] matching the patch grid (ValueError otherwise)."""
+        if not self.masking:
+            raise ValueError(f"the ViT got a patch mask but {CONFIG}.MASKED_IMAGE_MODELING.NAME "
+                             f"is empty: set it to one of {', '.join(MASKINGS)}")
+        if tuple(mask.shape) != tuple(tokens.shape[:3]):
+            raise ValueError(f"the patch mask has shape {tuple(mask.shape)}, the patch grid of "
+                             f"the batch is {tuple(tokens.shape[:3])}")
+        if self.masking == "msn":
+            raise ValueError("the ViT got a patch mask but MASKED_IMAGE_MODELING.NAME=msn drops "
+                             "patches itself while training: feed the images without a mask")
+        mask = mask.bool()
+        if self.masking == "mae":
+            counts = mask.flatten(1).sum(dim=1)
+            if bool((counts != counts[0]).any()):
+                raise ValueError("MAE masking needs as many masked patches in every image, got "
+                                 f"{sorted(set(counts.tolist()))}")
+        return mask
