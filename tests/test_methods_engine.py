@@ -11,7 +11,8 @@ import torch
 from engine_utils import crash_hooks_at, final_weights, metrics, run_engine, step_losses
 from ssl_engine.checkpoint import load_checkpoint
 
-METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino"]
+METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino",
+           "multicrop_simclr", "swav_momentum", "npid", "deepclusterv2"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -24,6 +25,9 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "barlow_twins": {"on_diagonal", "off_diagonal"},
          "vicreg": {"invariance", "variance", "covariance"},
          "swav": {"assign_crop0", "assign_crop1"},
+         "swav_momentum": {"assign_crop0", "assign_crop1"},
+         "npid": {"output0"},
+         "deepclusterv2": {"clustering0", "clustering1"},
          "dino": {"teacher_crop0", "teacher_crop1"}}
 
 

@@ -152,14 +152,27 @@ def crops_per_sample(transforms) -> int:
     return 0
 
 
+# losses whose num_crops VISSL infers from the training transforms
+_MULTI_CROP_LOSSES = ("swav_loss", "dino_loss", "swav_momentum_loss",
+                      "multicrop_simclr_info_nce_loss", "deepclusterv2_loss")
+# losses whose targets are sample indices (a memory bank of the training set)
+_SAMPLE_INDEX_LOSSES = ("nce_loss_with_memory", "deepclusterv2_loss")
+
+
 def _derive_loss_settings(cfg: AttrDict) -> None:
-    """SwAV's and DINO's num_crops from the training transforms and DINO's output_dim from its
-    head's num_clusters, as VISSL infers them."""
+    """The multi-crop losses' num_crops from the training transforms and DINO's output_dim
+    from its head's num_clusters, as VISSL infers them; the memory-bank losses need the
+    sample index as the target."""
     name = cfg.LOSS.name
-    if name in ("swav_loss", "dino_loss") and not cfg.TEST_ONLY:
+    if name in _MULTI_CROP_LOSSES and not cfg.TEST_ONLY:
         crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
         if crops:
             cfg.LOSS[name].num_crops = crops
+    if name in _SAMPLE_INDEX_LOSSES and not cfg.TEST_ONLY \
+            and cfg.DATA.TRAIN.LABEL_TYPE != "sample_index":
+        raise ConfigError(f"config.LOSS.name={name} keeps a memory bank of the training set "
+                          "indexed by sample: set config.DATA.TRAIN.LABEL_TYPE=sample_index "
+                          f"(got {cfg.DATA.TRAIN.LABEL_TYPE!r})")
     if name == "dino_loss" and cfg.MODEL.HEAD.PARAMS:
         head = cfg.MODEL.HEAD.PARAMS[-1]
         params = head[1] if isinstance(head, (list, tuple)) and len(head) == 2 else None
