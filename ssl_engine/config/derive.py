@@ -181,6 +181,22 @@ def _derive_loss_settings(cfg: AttrDict) -> None:
             cfg.LOSS.dino_loss.output_dim = int(clusters[0])
 
 
+_LARS_ONLY = {"exclude_bias_and_norm": False, "eta": 0.001}  # key -> its default
+
+
+def _warn_lars_only_settings(cfg: AttrDict) -> None:
+    """OPTIMIZER.eta and exclude_bias_and_norm are read by the lars optimizer only (VISSL's
+    other optimizers ignored them too): said once when another optimizer is given them."""
+    optimizer = cfg.OPTIMIZER
+    if optimizer.name == "lars":
+        return
+    for key, default in _LARS_ONLY.items():
+        if optimizer.get(key, default) != default:
+            logger.warning("config.OPTIMIZER.%s=%s is read by the lars optimizer only: the %s "
+                           "optimizer ignores it (as VISSL's did)", key, optimizer[key],
+                           optimizer.name)
+
+
 def _check_ema_model(cfg: AttrDict) -> None:
     """HOOKS.EMA_MODEL's settings, when the average is kept."""
     ema = cfg.HOOKS.EMA_MODEL
@@ -215,6 +231,7 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     _check_phases(cfg)
     _check_ema_model(cfg)
     _derive_loss_settings(cfg)
+    _warn_lars_only_settings(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
         cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer
