@@ -6,15 +6,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssl_engine.models.heads.dino_head import WeightNormLinear
 from ssl_engine.models.registry import register_model_head
+
+_ACTIVATIONS = {"ReLU": lambda: nn.ReLU(inplace=True), "GELU": nn.GELU}
 
 
 @register_model_head("swav_head")
 class SwAVPrototypesHead(nn.Module):
     """``dims`` = [in, hidden..., embedding]: linear layers, each but the last followed by
-    BatchNorm1d (``use_bn``) and ReLU (the last gets them too unless ``skip_last_bn``); the
-    embedding is L2-normalised (``normalize_feats``) and scored by ``len(num_clusters)``
-    prototype sets ``prototypes0``, ``prototypes1``, ... of ``num_clusters[k]`` vectors.
+    BatchNorm1d (``use_bn``) and ``activation_name`` (ReLU or GELU; the last gets them too
+    unless ``skip_last_bn``); the embedding is L2-normalised (``normalize_feats``) and scored
+    by ``len(num_clusters)`` prototype sets ``prototypes0``, ``prototypes1``, ... of
+    ``num_clusters[k]`` vectors, weight-normalised with ``use_weight_norm_prototypes``
+    (parameters ``weight_g`` and ``weight_v``, as VISSL's DINO configs on this head name
+    them; ``weight_g`` starts at 1).
 
     Returns ``[embedding, scores0, scores1, ...]`` (``return_embeddings``) or the scores alone;
     the model passes them on as separate outputs.  ``num_clusters: []`` builds no prototypes
@@ -32,6 +38,8 @@ class SwAVPrototypesHead(nn.Module):
         return_embeddings: bool = True,
         skip_last_bn: bool = True,
         normalize_feats: bool = True,
+        activation_name: str = "ReLU",
+        use_weight_norm_prototypes: bool = False,
     ):
         super().__init__()
         dims = [int(d) for d in dims]
@@ -44,6 +52,9 @@ class SwAVPrototypesHead(nn.Module):
         if not num_clusters and not return_embeddings:
             raise ValueError("swav_head with num_clusters: [] outputs its embedding only: it "
                              "needs return_embeddings: true")
+        if activation_name not in _ACTIVATIONS:
+            raise ValueError(f"swav_head: activation_name must be one of {sorted(_ACTIVATIONS)}, "
+                             f"got {activation_name!r}")
         layers: List[nn.Module] = []
         for index in range(len(dims) - 1):
             layers.append(nn.Linear(dims[index], dims[index + 1], bias=use_bias))
@@ -51,24 +62,30 @@ class SwAVPrototypesHead(nn.Module):
                 break
             if use_bn:
                 layers.append(nn.BatchNorm1d(dims[index + 1]))
-            layers.append(nn.ReLU(inplace=True))
+            layers.append(_ACTIVATIONS[activation_name]())
         self.projection_head = nn.Sequential(*layers)
         self.normalize_feats = bool(normalize_feats)
         self.return_embeddings = bool(return_embeddings)
         self.num_clusters = num_clusters
         for index, clusters in enumerate(num_clusters):
-            self.add_module(f"prototypes{index}", nn.Linear(dims[-1], clusters, bias=False))
+            self.add_module(f"prototypes{index}",
+                            WeightNormLinear(dims[-1], clusters) if use_weight_norm_prototypes
+                            else nn.Linear(dims[-1], clusters, bias=False))
         self.in_dim, self.embedding_dim = dims[0], dims[-1]
         self.num_outputs = len(num_clusters) + int(self.return_embeddings)
 
-    def prototype_layers(self) -> List[nn.Linear]:
+    def prototype_layers(self) -> List[nn.Module]:
         return [getattr(self, f"prototypes{index}") for index in range(len(self.num_clusters))]
 
     @torch.no_grad()
     def normalize_prototypes(self) -> None:
-        """Every prototype vector back to unit length."""
+        """Every prototype vector back to unit length (weight-normalised ones: their length
+        ``weight_g`` set to 1)."""
         for layer in self.prototype_layers():
-            layer.weight.copy_(F.normalize(layer.weight, dim=1))
+            if isinstance(layer, WeightNormLinear):
+                layer.weight_g.fill_(1.0)
+            else:
+                layer.weight.copy_(F.normalize(layer.weight, dim=1))
 
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         x = torch.flatten(x, 1)
