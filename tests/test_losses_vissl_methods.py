@@ -232,3 +232,33 @@ def test_deepclusterv2_predicts_each_crops_cluster_and_keeps_the_memory():
     with pytest.raises(ValueError, match="reduce num_clusters"):
         DeepClusterV2Loss(num_clusters=[4], num_crops=2, embedding_dim=dim,
                           num_train_samples=6).cluster_memory(0)
+
+
+# ---------------------------------------------------------------- two processes (gloo)
+BCE_TARGET = torch.tensor([[1, -1], [0, -1], [-1, 1], [1, 0], [0, 1], [-1, -1]])  # uneven
+
+
+def _bce_rank(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        logits = randn(6, 2, seed=19)[rank * 3:(rank + 1) * 3].clone().requires_grad_(True)
+        loss = BCELogitsMultipleOutputSingleTargetLoss()(logits, BCE_TARGET[rank * 3:(rank + 1) * 3])
+        loss.backward()
+        torch.save((loss.detach(), logits.grad / 2), f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bce_on_two_processes_is_the_loss_of_the_global_batch(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_bce_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    logits = randn(6, 2, seed=19).requires_grad_(True)
+    loss = BCELogitsMultipleOutputSingleTargetLoss()(logits, BCE_TARGET)
+    loss.backward()
+    # data-parallel training averages the processes' gradients (and the logged losses)
+    assert (per_rank[0][0] + per_rank[1][0]).item() / 2 == pytest.approx(loss.item(), rel=1e-6)
+    torch.testing.assert_close(torch.cat([per_rank[0][1], per_rank[1][1]]), logits.grad)
