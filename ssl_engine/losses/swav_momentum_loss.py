@@ -45,7 +45,10 @@ class SwAVMomentumLoss(SwAVLoss, MomentumTargetLoss):
         return [SwAVHook(), MomentumTargetHook()]
 
     def bind_model(self, model) -> None:
+        """Find the swav_head, put its prototypes on the unit sphere (as the hook does before
+        the first update) and copy the model as the momentum network."""
         SwAVLoss.bind_model(self, model)
+        self.normalize_prototypes()
         MomentumTargetLoss.bind_model(self, model)
 
     # ------------------------------------------------------------------ the momentum network
