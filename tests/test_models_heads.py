@@ -151,3 +151,11 @@ def test_swav_head_with_weight_norm_prototypes_and_gelu():
     torch.testing.assert_close(head.prototypes0.weight.norm(dim=1), torch.ones(5))
     with pytest.raises(ValueError, match="activation_name must be one of"):
         MODEL_HEADS.get("swav_head")(dims=[6, 4], num_clusters=[5], activation_name="Tanh")
+
+
+def test_mlp_without_biases():
+    head = MODEL_HEADS.get("mlp")(dims=[6, 8, 4], use_bn=True, use_relu=True, use_bias=False)
+    linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 2 and all(layer.bias is None for layer in linears)
+    x = torch.randn(5, 6)
+    torch.testing.assert_close(head(x), linears[1](torch.relu(head.clf[1](linears[0](x)))))
