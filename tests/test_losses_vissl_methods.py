@@ -1,19 +1,27 @@
 """Multi-crop SimCLR, SwAV with a momentum network, NPID's NCE with a memory bank,
 DeepCluster v2 and the multi-label BCE against independent computations (lightly's losses, or
-the formulas written out with numpy loops).  Their engine runs (exact resume, 2 processes
-against 1) are in test_methods_engine.py."""
+the formulas written out with numpy loops), and PIRL's views, collator and two-input model.
+Their engine runs (exact resume, 2 processes against 1) are in test_methods_engine.py."""
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from lightly.loss import NTXentLoss
 from lightly.loss.swav_loss import sinkhorn
+from PIL import Image
 
+from ssl_engine.config import load_defaults
+from ssl_engine.config.attr_dict import AttrDict
+from ssl_engine.data.collators.patch_and_image import patch_and_image_collator
+from ssl_engine.data.transforms.patches_and_image import ImgPilToPatchesAndImage
 from ssl_engine.losses import (BCELogitsMultipleOutputSingleTargetLoss, DeepClusterV2Loss,
                                MultiCropSimclrInfoNCELoss, NCELossWithMemory, StepContext,
                                SwAVMomentumLoss)
 from ssl_engine.losses.deepclusterv2_loss import spherical_kmeans
 from ssl_engine.losses.memory_bank import hashed_indices
+from ssl_engine.models import build_model
 
 
 def randn(*shape, seed: int) -> torch.Tensor:
@@ -239,8 +247,6 @@ BCE_TARGET = torch.tensor([[1, -1], [0, -1], [-1, 1], [1, 0], [0, 1], [-1, -1]])
 
 
 def _bce_rank(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         logits = randn(6, 2, seed=19)[rank * 3:(rank + 1) * 3].clone().requires_grad_(True)
@@ -252,8 +258,6 @@ def _bce_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_bce_on_two_processes_is_the_loss_of_the_global_batch(tmp_path):
-    import torch.multiprocessing as mp
-
     mp.spawn(_bce_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     logits = randn(6, 2, seed=19).requires_grad_(True)
@@ -262,3 +266,41 @@ def test_bce_on_two_processes_is_the_loss_of_the_global_batch(tmp_path):
     # data-parallel training averages the processes' gradients (and the logged losses)
     assert (per_rank[0][0] + per_rank[1][0]).item() / 2 == pytest.approx(loss.item(), rel=1e-6)
     torch.testing.assert_close(torch.cat([per_rank[0][1], per_rank[1][1]]), logits.grad)
+
+
+# ---------------------------------------------------------------- PIRL's inputs and model
+def test_pirl_views_collator_and_multi_input_model():
+    torch.manual_seed(0)
+    image = Image.fromarray((np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8))
+    views = ImgPilToPatchesAndImage(crop_size_image=16, crop_size_patches=21, num_patches=9,
+                                    patch_jitter=2)(image)
+    assert len(views) == 10 and views[0].size == (16, 16)
+    assert all(view.size == (5, 5) for view in views[1:])  # cells of 7 pixels, less the jitter
+    samples = [{"data": [torch.full((3, 4, 4), float(s))] + [torch.full((3, 2, 2), s + p / 10)
+                                                            for p in range(3)],
+                "label": [s + 10] * 4, "data_idx": s, "data_valid": True} for s in range(2)]
+    batch = patch_and_image_collator(samples)
+    assert batch["input"]["images"].shape == (2, 3, 4, 4)
+    patches = batch["input"]["patches"]
+    assert patches.shape == (6, 3, 2, 2)  # sample-major: sample 0's 3 patches first
+    assert patches[:, 0, 0, 0].tolist() == pytest.approx([0, 0.1, 0.2, 1, 1.1, 1.2])
+    assert batch["target"].tolist() == [10, 11] and batch["data_idx"].tolist() == [0, 1]
+
+    model_cfg = AttrDict(load_defaults()["config"]["MODEL"])
+    model_cfg.TRUNK.RESNETS.update({"DEPTH": 18, "WIDTH_MULTIPLIER": 0.125,
+                                    "SMALL_IMAGE_STEM": True})
+    model_cfg.MULTI_INPUT_HEAD_MAPPING = [["patches", ["flatten"]], ["images", ["flatten"]]]
+    model_cfg.HEAD.PARAMS = [[["mlp", {"dims": [64, 8]}], ["siamese_concat_view", {"num_towers": 3}],
+                              ["mlp", {"dims": [24, 4]}]],
+                             [["mlp", {"dims": [64, 4]}]]]
+    model = build_model(model_cfg).eval()
+    x = {"patches": torch.randn(6, 3, 8, 8), "images": torch.randn(2, 3, 8, 8)}
+    out_patches, out_images = model(x)
+    with torch.no_grad():
+        tiles = model.trunk(x["patches"], ["res5avg"])[0].flatten(1)
+        expected = model.heads[0][2](model.heads[0][0](tiles).reshape(2, 24))
+        torch.testing.assert_close(out_patches, expected)
+        torch.testing.assert_close(
+            out_images, model.heads[1][0](model.trunk(x["images"], ["res5avg"])[0].flatten(1)))
+    with pytest.raises(TypeError, match="needs the inputs"):
+        model(x["images"])

@@ -63,7 +63,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
     "config.MODEL.NON_TRAINABLE_PARAMS": "not implemented; use MODEL.TEMP_FROZEN_PARAMS_ITER_MAP "
                                          "with a large iteration count",
-    "config.MODEL.MULTI_INPUT_HEAD_MAPPING": "heads fed by other sample keys are not implemented",
     "config.MODEL.SINGLE_PASS_EVERY_CROP": "crops of one size always go through together",
     # FSDP_CONFIG: flatten_parameters, mixed_precision, compute_dtype, fp32_reduce_scatter and
     # AUTO_WRAP_THRESHOLD are read by self_supervision_fsdp_task (torch's FSDP2; docs/scaling.md)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings
+from ssl_engine.models.multi_input import build_head_chains, multi_input_forward, parse_mapping
 from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
 from ssl_engine.models.state_dict import load_state_dict_strict
 
@@ -117,9 +118,14 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.trunk = MODEL_TRUNKS.get(model_cfg.TRUNK.NAME)(model_cfg)
         self.eval_settings = FeatureEvalSettings.from_model_cfg(model_cfg)
         head_params = [] if self.eval_settings.trunk_only else model_cfg.HEAD.PARAMS
-        self.heads = nn.ModuleList(
-            build_head(index, entry) for index, entry in enumerate(head_params)
-        )
+        mapping = model_cfg.get("MULTI_INPUT_HEAD_MAPPING") or []
+        self.input_mapping = parse_mapping(mapping, len(head_params)) if mapping else []
+        if self.input_mapping:  # one chain of heads per input (multi_input.py)
+            self.heads = build_head_chains(head_params, build_head)
+        else:
+            self.heads = nn.ModuleList(
+                build_head(index, entry) for index, entry in enumerate(head_params)
+            )
         set_head_batch_norms(self.heads, model_cfg.HEAD)
         self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
@@ -193,6 +199,8 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         return self._stage_outputs(x, self.eval_settings.stages, list(self.feat_pools))
 
     def forward(self, x: ModelInput) -> List[torch.Tensor]:
+        if self.input_mapping:
+            return multi_input_forward(self.trunk, self.heads, self.input_mapping, x)
         if self.eval_settings.heads_per_stage:
             features = [torch.flatten(f, 1) for f in self._stage_output_list(
                 x, self.eval_settings.stages, list(self.feat_pools))]

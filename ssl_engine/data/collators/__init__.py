@@ -7,6 +7,7 @@ from ssl_engine.data.collators import (  # noqa: F401  (importing registers them
     default,
     moco,
     multicrop,
+    patch_and_image,
     siamese,
     simclr,
 )
