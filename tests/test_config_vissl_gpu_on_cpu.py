@@ -10,7 +10,7 @@ import torch
 import yaml
 from torch import nn
 
-from ssl_engine.config import ConfigError, compose_config
+from ssl_engine.config import ConfigError, compose_config, derive_settings
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.hooks.frozen_params_hook import parse_frozen_params
 from ssl_engine.models import build_model
@@ -87,17 +87,17 @@ def test_sync_bn_types_per_device(tmp_path, monkeypatch, caplog):
 
 def test_keys_vissl_never_read_are_dropped_with_a_warning_and_typos_refused(
         tmp_path, monkeypatch, caplog):
-    body = ("  OPTIMIZER: {exclude_bias_and_norm: true}\n"
-            "  MODEL: {WEIGHTS_INIT: {PARAM_FILE: /weights.torch}}\n"
-            "  LOSS: {simclr_info_nce_loss: {temperature: 0.2}, swav_loss: {shk_powerlaw: true}}")
+    body = ("  MODEL: {WEIGHTS_INIT: {PARAM_FILE: /weights.torch}}\n"
+            "  LOSS: {simclr_info_nce_loss: {temperature: 0.2}, swav_loss: {shk_powerlaw: true},"
+            " dino_loss: {normalize_last_layer: true}}")
     with caplog.at_level("WARNING", logger="ssl_engine.config"):
         cfg = _compose(tmp_path, monkeypatch, body, CPU)
-    assert "exclude_bias_and_norm" not in cfg.OPTIMIZER
+    assert "normalize_last_layer" not in cfg.LOSS.dino_loss
     assert "PARAM_FILE" not in cfg.MODEL.WEIGHTS_INIT and cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE == ""
     assert "shk_powerlaw" not in cfg.LOSS.swav_loss
     warnings = _warnings(caplog)
     assert len(warnings) == 3, warnings
-    assert warnings[0].startswith("config.OPTIMIZER.exclude_bias_and_norm is ignored: VISSL "
+    assert warnings[0].startswith("config.LOSS.dino_loss.normalize_last_layer is ignored: VISSL "
                                   "never read this key")
     assert warnings[0].endswith("the engine ignores it too (delete it to silence this)")
     assert warnings[1].startswith("config.LOSS.swav_loss.shk_powerlaw is ignored")
@@ -108,6 +108,23 @@ def test_keys_vissl_never_read_are_dropped_with_a_warning_and_typos_refused(
     with pytest.raises(ConfigError, match="unknown config key 'config.OPTIMIZER.exclude_bias_"
                                           "and_norms': did you mean"):
         _compose(tmp_path / "typo", monkeypatch, "  OPTIMIZER: {exclude_bias_and_norms: true}")
+
+
+def test_lars_settings_given_to_another_optimizer_are_ignored_with_a_warning(
+        tmp_path, monkeypatch, caplog):
+    # VISSL's lars optimizer reads OPTIMIZER.eta and exclude_bias_and_norm; its sgd did not
+    with caplog.at_level("WARNING", logger="ssl_engine.config"):
+        cfg = derive_settings(_compose(tmp_path, monkeypatch,
+                                       "  OPTIMIZER: {exclude_bias_and_norm: true}", CPU))
+    assert cfg.OPTIMIZER.name == "sgd" and cfg.OPTIMIZER.exclude_bias_and_norm is True
+    assert _warnings(caplog) == ["config.OPTIMIZER.exclude_bias_and_norm=True is read by the "
+                                 "lars optimizer only: the sgd optimizer ignores it (as VISSL's "
+                                 "did)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ssl_engine.config"):
+        derive_settings(_compose(tmp_path / "lars", monkeypatch,
+                                 "  OPTIMIZER: {name: lars, exclude_bias_and_norm: true}", CPU))
+    assert _warnings(caplog) == []
 
 
 def test_fsdp_wrapped_names_are_the_plain_names_and_checked_before_launch(tmp_path, capsys):

@@ -187,7 +187,11 @@ def test_named_inputs_run_the_trunk_per_mapping_entry_then_ibot_head():
 
 def test_mapping_entries_are_checked_when_the_model_is_built():
     cfg = vit_cfg([IBOT_HEAD])
-    cfg.MULTI_INPUT_HEAD_MAPPING = [["global_views", ["ibot_head"]]]  # VISSL's older form
+    # PIRL's form pairs each input with a chain of heads: HEAD.PARAMS must hold chains
+    cfg.MULTI_INPUT_HEAD_MAPPING = [["global_views", ["lastCLS"]]]
+    with pytest.raises(ValueError, match=r"HEAD.PARAMS\[0\] must be a list of heads"):
+        build_model(cfg)
+    cfg.MULTI_INPUT_HEAD_MAPPING = [["global_views", "lastCLS"]]
     with pytest.raises(ValueError, match=r"MULTI_INPUT_HEAD_MAPPING\[0\] must be"):
         build_model(cfg)
     cfg.MULTI_INPUT_HEAD_MAPPING = [["global_views", {"feat_names": ["res5"]}]]

@@ -13,7 +13,7 @@ from engine_utils import crash_hooks_at, final_weights, metrics, run_engine, ste
 from ssl_engine.checkpoint import load_checkpoint
 
 METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino",
-           "msn"]
+           "msn", "multicrop_simclr", "swav_momentum", "npid", "pirl", "deepclusterv2"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -26,6 +26,10 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "barlow_twins": {"on_diagonal", "off_diagonal"},
          "vicreg": {"invariance", "variance", "covariance"},
          "swav": {"assign_crop0", "assign_crop1"},
+         "swav_momentum": {"assign_crop0", "assign_crop1"},
+         "npid": {"output0"},
+         "pirl": {"output0", "output1"},
+         "deepclusterv2": {"clustering0", "clustering1"},
          "dino": {"teacher_crop0", "teacher_crop1"},
          "msn": {"cross_entropy", "me_max"}}
 

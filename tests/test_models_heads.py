@@ -131,3 +131,31 @@ def test_siamese_concat_view_puts_the_towers_of_each_sample_side_by_side():
     assert torch.equal(out, torch.tensor([[0.0, -0.0, 1, -1, 2, -2], [10, -10, 11, -11, 12, -12]]))
     with pytest.raises(ValueError, match="not a multiple of num_towers=4"):
         MODEL_HEADS.get("siamese_concat_view")(num_towers=4)(features)
+
+
+def test_swav_head_with_weight_norm_prototypes_and_gelu():
+    torch.manual_seed(0)
+    head = MODEL_HEADS.get("swav_head")(dims=[6, 8, 4], num_clusters=[5], return_embeddings=False,
+                                    activation_name="GELU", use_weight_norm_prototypes=True)
+    names = {name for name, _ in head.named_parameters()}
+    assert {"prototypes0.weight_g", "prototypes0.weight_v"} <= names
+    assert isinstance(head.projection_head[1], nn.GELU)
+    with torch.no_grad():
+        head.prototypes0.weight_g.mul_(3.0)
+    x = torch.randn(7, 6)
+    embedding = torch.nn.functional.normalize(head.projection_head(x), dim=1)
+    v = head.prototypes0.weight_v
+    (scores,) = head(x)
+    torch.testing.assert_close(scores, embedding @ (3.0 * v / v.norm(dim=1, keepdim=True)).t())
+    head.normalize_prototypes()  # weight-normalised prototypes keep their trained lengths
+    torch.testing.assert_close(head.prototypes0.weight.norm(dim=1), torch.full((5,), 3.0))
+    with pytest.raises(ValueError, match="activation_name must be one of"):
+        MODEL_HEADS.get("swav_head")(dims=[6, 4], num_clusters=[5], activation_name="Tanh")
+
+
+def test_mlp_without_biases():
+    head = MODEL_HEADS.get("mlp")(dims=[6, 8, 4], use_bn=True, use_relu=True, use_bias=False)
+    linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 2 and all(layer.bias is None for layer in linears)
+    x = torch.randn(5, 6)
+    torch.testing.assert_close(head(x), linears[1](torch.relu(head.clf[1](linears[0](x)))))

@@ -144,6 +144,7 @@ def test_lr_multipliers_scale_the_scheduled_lr_of_the_named_parameters():
         {"name": "adam"},
         {"name": "adamw", "weight_decay": 0.05},
         {"name": "sgd", "use_larc": True},
+        {"name": "lars", "exclude_bias_and_norm": True},
     ],
 )
 def test_state_round_trip_gives_identical_next_steps(settings):
@@ -214,3 +215,27 @@ def test_unknown_optimizer_and_frozen_model_are_refused():
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="no parameter that requires gradients"):
         build_optimizer(optimizer_cfg(), frozen)
+
+
+@pytest.mark.parametrize("exclude_bias_and_norm", [False, True])
+def test_lars_two_steps_match_hand_computation(exclude_bias_and_norm):
+    cfg = optimizer_cfg(name="lars", momentum=0.9, weight_decay=0.1, eta=0.02,
+                        exclude_bias_and_norm=exclude_bias_and_norm, regularize_bias=True)
+    cfg.param_schedulers.lr = AttrDict({"name": "constant", "value": 0.5, "update_interval": "step"})
+    layer = nn.Linear(3, 2)
+    expected = {name: p.detach().clone() for name, p in layer.named_parameters()}
+    momentum = {name: torch.zeros_like(p) for name, p in expected.items()}
+    optimizer = build_optimizer(cfg, layer)
+    for step in range(2):
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(step))
+        optimizer.zero_grad()
+        layer(x).pow(2).sum().backward()
+        for name, param in layer.named_parameters():
+            update = param.grad + 0.1 * expected[name]
+            if not (exclude_bias_and_norm and name == "bias"):
+                update = update * 0.02 * expected[name].norm() / update.norm()
+            momentum[name] = 0.9 * momentum[name] + update
+            expected[name] = expected[name] - 0.5 * momentum[name]
+        optimizer.step(0.0)
+        for name, param in layer.named_parameters():
+            torch.testing.assert_close(param.detach(), expected[name], rtol=1e-6, atol=1e-7)

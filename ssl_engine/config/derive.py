@@ -155,17 +155,21 @@ def crops_per_sample(transforms) -> int:
 
 # the losses whose crops per sample are those of the training transforms, and their key
 CROPS_KEYS = {"swav_loss": "num_crops", "dino_loss": "num_crops", "msn_loss": "num_crops",
-              "swav_distillation_loss": "num_crops",
+              "swav_momentum_loss": "num_crops", "multicrop_simclr_info_nce_loss": "num_crops",
+              "deepclusterv2_loss": "num_crops", "swav_distillation_loss": "num_crops",
               "dino_distillation_loss": "student_num_crops"}
 DISTILLATION_LOSSES = ("swav_distillation_loss", "dino_distillation_loss")
+# losses whose targets are sample indices (a memory bank of the training set)
+_SAMPLE_INDEX_LOSSES = ("nce_loss_with_memory", "deepclusterv2_loss")
 
 
 def _derive_loss_settings(cfg: AttrDict) -> None:
-    """SwAV's, DINO's and MSN's num_crops from the training transforms, DINO's and MSN's
+    """The multi-crop losses' num_crops from the training transforms, DINO's and MSN's
     output_dim from their head's num_clusters / num_prototypes, as VISSL infers them; the seed
     of MSN's patch drop from SEED_VALUE unless its PARAMS give one; the crops of the student
     of a distillation too (VISSL's configs set them by hand, and a crops fragment over another
-    base can leave them behind: the batch would be split into the wrong crops)."""
+    base can leave them behind: the batch would be split into the wrong crops); the
+    memory-bank losses need the sample index as the target."""
     name = cfg.LOSS.name
     key = CROPS_KEYS.get(name)
     if key and not cfg.TEST_ONLY:
@@ -176,6 +180,11 @@ def _derive_loss_settings(cfg: AttrDict) -> None:
                                "per sample; %d is used", name, key, cfg.LOSS[name][key], crops,
                                crops)
             cfg.LOSS[name][key] = crops
+    if name in _SAMPLE_INDEX_LOSSES and not cfg.TEST_ONLY \
+            and cfg.DATA.TRAIN.LABEL_TYPE != "sample_index":
+        raise ConfigError(f"config.LOSS.name={name} keeps a memory bank of the training set "
+                          "indexed by sample: set config.DATA.TRAIN.LABEL_TYPE=sample_index "
+                          f"(got {cfg.DATA.TRAIN.LABEL_TYPE!r})")
     if name in ("dino_loss", "msn_loss") and cfg.MODEL.HEAD.PARAMS:
         head = cfg.MODEL.HEAD.PARAMS[-1]
         params = head[1] if isinstance(head, (list, tuple)) and len(head) == 2 else None
@@ -186,6 +195,22 @@ def _derive_loss_settings(cfg: AttrDict) -> None:
     masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
     if masking.NAME == "msn" and "seed" not in (masking.PARAMS or {}):
         masking.PARAMS = {**(masking.PARAMS or {}), "seed": int(cfg.SEED_VALUE)}
+
+
+_LARS_ONLY = {"exclude_bias_and_norm": False, "eta": 0.001}  # key -> its default
+
+
+def _warn_lars_only_settings(cfg: AttrDict) -> None:
+    """OPTIMIZER.eta and exclude_bias_and_norm are read by the lars optimizer only (VISSL's
+    other optimizers ignored them too): said once when another optimizer is given them."""
+    optimizer = cfg.OPTIMIZER
+    if optimizer.name == "lars":
+        return
+    for key, default in _LARS_ONLY.items():
+        if optimizer.get(key, default) != default:
+            logger.warning("config.OPTIMIZER.%s=%s is read by the lars optimizer only: the %s "
+                           "optimizer ignores it (as VISSL's did)", key, optimizer[key],
+                           optimizer.name)
 
 
 def _check_ema_model(cfg: AttrDict) -> None:
@@ -223,6 +248,7 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     _check_ema_model(cfg)
     _derive_loss_settings(cfg)
     derive_masked_modeling(cfg)
+    _warn_lars_only_settings(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
         cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer

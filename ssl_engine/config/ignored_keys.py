@@ -16,15 +16,10 @@ _UNREAD = "VISSL never read this key (its run ignored it)"
 
 # path -> why VISSL ignored it (the warning says the engine ignores it too)
 IGNORED_KEYS: Dict[str, str] = {
-    "config.OPTIMIZER.exclude_bias_and_norm":
-        f"{_UNREAD}; VISSL's (and the engine's) keys are OPTIMIZER.regularize_bias and "
-        "OPTIMIZER.regularize_bn",
     "config.LOSS.dino_loss.normalize_last_layer":
         f"{_UNREAD}: dino_loss has no such setting (DINO's last layer is weight-normalised by "
         "dino_head)",
     "config.LOSS.swav_loss.shk_powerlaw": f"{_UNREAD}: swav_loss has no such setting",
-    "config.LOSS.nce_loss_with_memory.ignore_index":
-        f"{_UNREAD}: nce_loss_with_memory has no such setting",
     "config.MODEL.WEIGHTS_INIT.PARAM_FILE":
         "a misspelling of MODEL.WEIGHTS_INIT.PARAMS_FILE: VISSL loaded no weights from it "
         "(write PARAMS_FILE to load them)",

@@ -131,8 +131,6 @@ UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     },
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (
-            "nce_loss_with_memory", "multicrop_simclr_info_nce_loss", "swav_momentum_loss",
-            "deepclusterv2_loss", "bce_logits_multiple_output_single_target",
             "ibot_distillation_loss", "msn_distillation_loss")},
         "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
                             "for one output)",

@@ -57,6 +57,8 @@ def _head_refs(entries, key: str) -> Iterator[NameRef]:
     for index, entry in enumerate(entries or []):
         if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], str):
             yield f"{key}[{index}][0]", entry[0]
+        elif isinstance(entry, (list, tuple)):  # a chain of heads (MULTI_INPUT_HEAD_MAPPING)
+            yield from _head_refs(entry, f"{key}[{index}]")
 
 
 def named_components(engine_name: str, cfg) -> Iterator[Tuple[str, str, object]]:

@@ -35,7 +35,7 @@ class MomentumTargetLoss(SSLLoss):
 
     online_only_heads = 0
 
-    def __init__(self, momentum: float, momentum_schedule: str = "constant"):
+    def __init__(self, momentum: float = 0.99, momentum_schedule: str = "constant"):
         super().__init__()
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must be in [0, 1], got {momentum}")
@@ -81,10 +81,15 @@ class MomentumTargetLoss(SSLLoss):
 
     @torch.no_grad()
     def compute_target(self, task) -> None:
-        self.target_network.train(task.train)
+        self.target_network.train(self.target_train_mode(task))
         # under the step's autocast when AMP is on; the loss gets float32 like the online output
         self.target_output = float32_outputs(self.run_target(self.target_input(task.last_batch),
                                                              task))
+
+    def target_train_mode(self, task) -> bool:
+        """Whether the target network runs in train mode (its batch norms on the batch):
+        in training steps."""
+        return task.train
 
     def momentum_at(self, step: int, total: int) -> float:
         if self.momentum_schedule == "cosine":

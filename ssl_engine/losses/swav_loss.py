@@ -152,7 +152,7 @@ class SwAVLoss(SSLLoss):
         rows, solved together with the queue's rows when the queue is full."""
         batch = crop_scores.shape[0]
         if self._queue_in_use():
-            prototypes = self._head[0].prototype_layers()[set_index].weight
+            prototypes = self.queue_prototypes(set_index)
             queued = self.queue[slot].to(prototypes.dtype) @ prototypes.detach().t()
             crop_scores = torch.cat([queued.to(crop_scores.dtype), crop_scores])
         q = distributed_sinkhorn(crop_scores, self.epsilon, self.num_iters,
@@ -161,8 +161,18 @@ class SwAVLoss(SSLLoss):
             q = F.one_hot(q.argmax(dim=1), q.shape[1]).to(q.dtype)
         return q
 
+    def queue_prototypes(self, set_index: int) -> torch.Tensor:
+        """The prototypes that score the queue's embeddings: the model's own."""
+        return self._head[0].prototype_layers()[set_index].weight
+
+    def assignment_source(self, embedding: torch.Tensor, scores: List[torch.Tensor]):
+        """The embeddings (enqueued) and the scores (assigned) of the crops whose assignments
+        are predicted, crop-major as the model's: the model's own output."""
+        return embedding, scores
+
     def forward(self, output, target: Optional[torch.Tensor] = None) -> torch.Tensor:
         embedding, scores, batch = self._split_outputs(output)
+        source_embedding, source_scores = self.assignment_source(embedding, scores)
         if self.queue.shape[1] and self.queue.shape[1] % batch:
             raise ValueError(
                 f"swav_loss: the queue holds {self.queue.shape[1]} rows per process "
@@ -175,8 +185,8 @@ class SwAVLoss(SSLLoss):
         for slot, crop in enumerate(self.crops_for_assign):
             term = embedding.new_zeros(())
             for set_index, set_scores in enumerate(scores):
-                q = self.assignments(set_scores[crop * batch:(crop + 1) * batch].float(), slot,
-                                     set_index).to(set_scores.dtype)
+                assigned = source_scores[set_index][crop * batch:(crop + 1) * batch]
+                q = self.assignments(assigned.float(), slot, set_index).to(set_scores.dtype)
                 for view in range(self.num_crops):
                     if view == crop:
                         continue
@@ -187,7 +197,7 @@ class SwAVLoss(SSLLoss):
                 self._statistics(q, scores[0][crop * batch:(crop + 1) * batch])
         step = self.step_context
         if step.train and self.queue.shape[1] and step.iteration >= self.queue_start_iter:
-            self._enqueue(embedding.detach(), batch)
+            self._enqueue(source_embedding.detach(), batch)
         return total_of(self, terms)
 
     # ------------------------------------------------------------------ collapse monitor

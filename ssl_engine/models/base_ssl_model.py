@@ -10,9 +10,13 @@ from torch import nn
 from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings
 from ssl_engine.models.heads.mlp import MLP
 from ssl_engine.models.multi_input import (
+    build_head_chains,
+    chain_forward,
     check_mapping,
     head_keywords,
+    is_chain_mapping,
     mapped_trunk_outputs,
+    parse_chain_mapping,
     parse_mapping,
 )
 from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
@@ -141,14 +145,22 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.trunk = MODEL_TRUNKS.get(model_cfg.TRUNK.NAME)(model_cfg)
         self.eval_settings = FeatureEvalSettings.from_model_cfg(model_cfg)
         head_params = [] if self.eval_settings.trunk_only else model_cfg.HEAD.PARAMS
-        self.heads = nn.ModuleList(
-            build_head(index, entry) for index, entry in enumerate(head_params)
-        )
+        mapping = model_cfg.get("MULTI_INPUT_HEAD_MAPPING") or []
+        # PIRL's form: one chain of heads per input; else iBOT's named inputs (multi_input.py)
+        chains = is_chain_mapping(mapping)
+        self.chain_mapping = (parse_chain_mapping(mapping, len(head_params))
+                              if chains and head_params else [])
+        self.input_mapping = [] if chains else parse_mapping(mapping)
+        if self.chain_mapping:
+            self.heads = build_head_chains(head_params, build_head)
+        else:
+            self.heads = nn.ModuleList(
+                build_head(index, entry) for index, entry in enumerate(head_params)
+            )
         set_head_batch_norms(self.heads, model_cfg.HEAD)
         scale_head_weights(self.heads, model_cfg.HEAD)
         self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
-        self.input_mapping = parse_mapping(model_cfg.get("MULTI_INPUT_HEAD_MAPPING"))
         check_mapping(self.input_mapping, self.trunk)
         self._check_eval_settings()
         if self.eval_settings.freeze_trunk_and_head:
@@ -220,6 +232,8 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         return self._stage_outputs(x, self.eval_settings.stages, list(self.feat_pools))
 
     def forward(self, x: ModelInput) -> List[torch.Tensor]:
+        if self.chain_mapping:
+            return chain_forward(self.trunk, self.heads, self.chain_mapping, x)
         if isinstance(x, dict):
             return self._forward_named(x)
         if self.eval_settings.heads_per_stage:

@@ -68,7 +68,8 @@ def fsdp_names_in(cfg) -> Iterator[Tuple[str, str]]:
     if cfg.MODEL.TRUNK.NAME in FSDP_TRUNKS:
         yield "config.MODEL.TRUNK.NAME", cfg.MODEL.TRUNK.NAME
     for index, entry in enumerate(cfg.MODEL.HEAD.PARAMS or []):
-        if isinstance(entry, (list, tuple)) and entry and entry[0] in FSDP_HEADS:
+        if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], str) \
+                and entry[0] in FSDP_HEADS:
             yield f"config.MODEL.HEAD.PARAMS[{index}][0]", entry[0]
     if cfg.OPTIMIZER.name in FSDP_OPTIMIZERS:
         yield "config.OPTIMIZER.name", cfg.OPTIMIZER.name

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from ssl_engine.models.fsdp_names import FSDP_OPTIMIZERS
+from ssl_engine.optimizers import lars  # noqa: F401  (registers the lars optimizer)
 from ssl_engine.optimizers.larc import LARC
 from ssl_engine.optimizers.param_groups import get_optimizer_param_groups
 from ssl_engine.optimizers.param_schedulers import (ClassyParamScheduler, build_lr_scheduler,
@@ -34,6 +35,9 @@ _CLASSY_SETTINGS: Dict[str, Callable[[Mapping[str, Any]], Dict[str, Any]]] = {
     },
     "adam": lambda cfg: {"betas": _betas(cfg), "eps": float(cfg["eps"]), "weight_decay": float(cfg["weight_decay"])},
     "adamw": lambda cfg: {"betas": _betas(cfg), "eps": float(cfg["eps"]), "weight_decay": float(cfg["weight_decay"])},
+    "lars": lambda cfg: {"momentum": float(cfg["momentum"]), "weight_decay": float(cfg["weight_decay"]),
+                         "eta": float(cfg["eta"]),
+                         "exclude_bias_and_norm": bool(cfg["exclude_bias_and_norm"])},
 }
 
 

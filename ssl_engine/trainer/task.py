@@ -109,7 +109,8 @@ class SelfSupervisionTask(ClassyTask):
             self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.model = self._wrap_model(self.base_model)  # every rank now has rank 0's weights
         self.ema_model = self._build_ema_model()
-        self.loss = build_loss(cfg.LOSS).to(self.device)
+        train_size = len(self.datasets["TRAIN"]) if "TRAIN" in self.datasets else None
+        self.loss = build_loss(cfg.LOSS, num_train_samples=train_size).to(self.device)
         self._bind_loss()  # e.g. a momentum target copied from the model
         if self.optimizer is None and not cfg.TEST_ONLY:  # FSDP: over the sharded parameters
             self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)

@@ -15,7 +15,11 @@ with warnings.catch_warnings():
         RecallAtKMeter,
         register_meter,
     )
-    from classy_vision.optim import OPTIMIZER_REGISTRY, ClassyOptimizer  # noqa: F401
+    from classy_vision.optim import (  # noqa: F401
+        OPTIMIZER_REGISTRY,
+        ClassyOptimizer,
+        register_optimizer,
+    )
     from classy_vision.optim.param_scheduler import (  # noqa: F401
         ClassyParamScheduler,
         CompositeParamScheduler,

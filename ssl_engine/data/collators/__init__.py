@@ -9,6 +9,7 @@ from ssl_engine.data.collators import (  # noqa: F401  (importing registers them
     masking,
     moco,
     multicrop,
+    patch_and_image,
     siamese,
     simclr,
 )

@@ -10,6 +10,7 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     multicrop,
     multicrop_random_apply,
     one_hot_encode,
+    patches_and_image,
     photometric,
     resize,
     rotate,

@@ -13,7 +13,8 @@ class MLP(nn.Module):
 
     After every linear layer: BatchNorm1d when ``use_bn``, then ReLU when ``use_relu``; the last
     layer gets neither when ``skip_last_layer_relu_bn``, or batch norm alone (no ReLU) with
-    ``last_layer_bn`` (the output norm of SimSiam's and MoCo v3's projectors).
+    ``last_layer_bn`` (the output norm of SimSiam's and MoCo v3's projectors).  The linear
+    layers have biases unless ``use_bias`` is false (VISSL's Barlow Twins projector).
     """
 
     def __init__(
@@ -23,6 +24,7 @@ class MLP(nn.Module):
         use_relu: bool = False,
         skip_last_layer_relu_bn: bool = True,
         last_layer_bn: bool = False,
+        use_bias: bool = True,
     ):
         super().__init__()
         dims = [int(d) for d in dims]
@@ -31,7 +33,7 @@ class MLP(nn.Module):
         layers: List[nn.Module] = []
         num_linear = len(dims) - 1
         for index in range(num_linear):
-            layers.append(nn.Linear(dims[index], dims[index + 1]))
+            layers.append(nn.Linear(dims[index], dims[index + 1], bias=use_bias))
             if index == num_linear - 1 and skip_last_layer_relu_bn:
                 if last_layer_bn:
                     layers.append(nn.BatchNorm1d(dims[index + 1]))

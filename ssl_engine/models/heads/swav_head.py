@@ -15,9 +15,10 @@ ACTIVATIONS = {"ReLU": lambda: nn.ReLU(inplace=True), "GELU": nn.GELU}
 @register_model_head("swav_head")
 class SwAVPrototypesHead(nn.Module):
     """``dims`` = [in, hidden..., embedding]: linear layers, each but the last followed by
-    BatchNorm1d (``use_bn``) and ReLU (the last gets them too unless ``skip_last_bn``); the
-    embedding is L2-normalised (``normalize_feats``) and scored by ``len(num_clusters)``
-    prototype sets ``prototypes0``, ``prototypes1``, ... of ``num_clusters[k]`` vectors.
+    BatchNorm1d (``use_bn``) and ``activation_name`` (ReLU or GELU; the last gets them too
+    unless ``skip_last_bn``); the embedding is L2-normalised (``normalize_feats``) and scored
+    by ``len(num_clusters)`` prototype sets ``prototypes0``, ``prototypes1``, ... of
+    ``num_clusters[k]`` vectors.
 
     Returns ``[embedding, scores0, scores1, ...]`` (``return_embeddings``) or the scores alone;
     the model passes them on as separate outputs.  ``num_clusters: []`` builds no prototypes
@@ -74,12 +75,14 @@ class SwAVPrototypesHead(nn.Module):
         self.in_dim, self.embedding_dim = dims[0], dims[-1]
         self.num_outputs = len(num_clusters) + int(self.return_embeddings)
 
-    def prototype_layers(self) -> List[nn.Linear]:
+    def prototype_layers(self) -> List[nn.Module]:
         return [getattr(self, f"prototypes{index}") for index in range(len(self.num_clusters))]
 
     @torch.no_grad()
     def normalize_prototypes(self) -> None:
-        """Every prototype vector back to unit length."""
+        """Every prototype vector back to unit length; weight-normalised sets are left alone
+        (their lengths are the trained ``weight_g``: VISSL's renormalisation wrote into the
+        weight that weight norm recomputes at every forward, so it changed nothing)."""
         for layer in self.prototype_layers():
             if isinstance(layer, WeightNormLinear):  # its rows have the norms weight_g gives
                 continue
