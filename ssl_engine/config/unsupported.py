@@ -111,8 +111,8 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
                            "implemented; tools/train_svm.py trains on every train sample, and "
                            "tools/low_shot_test.py is the low-shot k-NN",
     "config.IMG_RETRIEVAL.*": _TOOL.format("instance retrieval"),
-    "config.LOW_SHOT_BENCHMARK.*": _TOOL.format("low-shot logistic regression")
-                                  + "; tools/low_shot_test.py reads LOW_SHOT",
+    "config.LOW_SHOT_BENCHMARK.METHOD": "the low-shot benchmark's svm method is not implemented "
+                                        "(tools/low_shot_test.py runs logistic_regression)",
     "config.GEO_LOCALIZATION.*": _TOOL.format("geo-localisation"),
     # CHECKPOINT
     "config.CHECKPOINT.APPEND_DISTR_RUN_ID": "put the run id in CHECKPOINT.DIR yourself",
