@@ -113,7 +113,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.IMG_RETRIEVAL.*": _TOOL.format("instance retrieval"),
     "config.LOW_SHOT_BENCHMARK.METHOD": "the low-shot benchmark's svm method is not implemented "
                                         "(tools/low_shot_test.py runs logistic_regression)",
-    "config.GEO_LOCALIZATION.*": _TOOL.format("geo-localisation"),
     # CHECKPOINT
     "config.CHECKPOINT.APPEND_DISTR_RUN_ID": "put the run id in CHECKPOINT.DIR yourself",
     "config.CHECKPOINT.BACKEND": "checkpoints are written to disk only",
