@@ -16,9 +16,12 @@ the synthetic source (``synthetic_data``), and runs the config's engine in one C
   epoch; the run ends when the second epoch would start (or at its own end);
 - extraction engines (``extract_features``, ``extract_label_predictions``, ...): their whole
   run over the same tiny splits;
-- the files of a ``nearest_neighbor`` folder, which VISSL runs with
-  tools/nearest_neighbor_test.py: that tool's way (the features of both splits extracted,
-  then the k-NN classification of TEST against TRAIN).
+- the files VISSL runs with a tool of its own (``tool_of``): that tool's way, the features of
+  both splits extracted, then the k-NN classification (tools/nearest_neighbor_test.py), the
+  low-shot logistic regression (tools/low_shot_test.py) or the clustering into at most 2
+  clusters (tools/cluster_features_and_label.py).
+
+A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
 
 A model whose weights alone would take more than a third of the memory limit is not built
 (reported as too large for the machine); the others meet the limit if they exceed it.
@@ -86,6 +89,9 @@ def synthetic_data(cfg: dict, batch: int, checkpoint_dir: str) -> None:
                     LABEL_SOURCES=[], LABEL_PATHS=[], BATCHSIZE_PER_REPLICA=batch)
         part["SYNTHETIC"] = {"NUM_SAMPLES": 2 * batch, "NUM_CLASSES": 10,
                              "IMAGE_SIZE": _largest_size(part.get("TRANSFORMS"))}
+        if (part.get("DATA_LIMIT") or -1) > 0:  # a subset of 2 batches, of 2 classes
+            part["DATA_LIMIT"] = 2 * batch
+            part["SYNTHETIC"].update(NUM_SAMPLES=4 * batch, NUM_CLASSES=2)
     cfg.setdefault("MACHINE", {})["DEVICE"] = "cpu"
     dist = cfg.setdefault("DISTRIBUTED", {})
     dist.update(NUM_NODES=1, NUM_PROC_PER_NODE=1, RUN_ID="auto")
@@ -119,18 +125,45 @@ def check_size(cfg, memory_gb: float) -> None:
                           f"than a third of --run-memory-gb={memory_gb:g} in float32 weights")
 
 
-def run_knn_tool(cfg) -> None:
-    """What tools/nearest_neighbor_test.py does with the composed config."""
+def _load_tool(name: str):
     import importlib.util
 
-    from ssl_engine.engines.evaluate_extracted import evaluation_layer, get_or_extract
-
-    spec = importlib.util.spec_from_file_location("nearest_neighbor_test",
-                                                  REPO / "tools/nearest_neighbor_test.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def run_knn_tool(cfg) -> None:
+    """What tools/nearest_neighbor_test.py does with the composed config."""
+    from ssl_engine.engines.evaluate_extracted import evaluation_layer, get_or_extract
+
     layer = evaluation_layer(cfg, cfg.NEAREST_NEIGHBOR.FEATURES_LAYER)
-    tool.evaluate(cfg, layer, get_or_extract(cfg, layer))
+    _load_tool("nearest_neighbor_test").evaluate(cfg, layer, get_or_extract(cfg, layer))
+
+
+def tool_of(name: str, cfg):
+    """The tool VISSL runs the file with, when it is not run_distributed_engines.py: the k-NN
+    benchmark (a nearest_neighbor folder), the low-shot benchmark (a limited TRAIN split in a
+    low_shot_transfer folder), ClusterFit's clustering (cluster_features_* files)."""
+    parts = Path(name).parts
+    if "nearest_neighbor" in parts:
+        return "nearest_neighbor_test"
+    if any("low_shot_transfer" in part for part in parts) and cfg.DATA.TRAIN.DATA_LIMIT > 0:
+        return "low_shot_test"
+    if parts[-1].startswith("cluster_features"):
+        return "cluster_features_and_label"
+    return None
+
+
+def run_tool(tool: str, cfg) -> None:
+    if tool == "nearest_neighbor_test":
+        run_knn_tool(cfg)
+        return
+    if tool == "cluster_features_and_label":  # as many clusters as the tiny data allows
+        cfg.CLUSTERFIT.NUM_CLUSTERS = min(cfg.CLUSTERFIT.NUM_CLUSTERS, 2)
+        cfg.CLUSTERFIT.OUTPUT_DIR = cfg.CHECKPOINT.DIR
+    _load_tool(tool).run(cfg)
 
 
 def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: float) -> dict:
@@ -181,12 +214,12 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
         engine_name = composed.get("engine_name", "train")
         cfg = AttrDict(composed["config"])
         derive_settings(cfg)
-        knn_tool = "nearest_neighbor" in Path(name).parts
-        check_before_launch("extract_features" if knn_tool else engine_name, cfg)
+        tool = tool_of(name, cfg)
+        check_before_launch("extract_features" if tool else engine_name, cfg)
         check_size(cfg, memory_gb)
-        if knn_tool:
-            engine_name = "tools/nearest_neighbor_test.py"
-            run_knn_tool(cfg)
+        if tool:
+            engine_name = f"tools/{tool}.py"
+            run_tool(tool, cfg)
         else:
             try:
                 launch_distributed(cfg, engine_name,

@@ -131,3 +131,9 @@ def test_siamese_concat_view_puts_the_towers_of_each_sample_side_by_side():
     assert torch.equal(out, torch.tensor([[0.0, -0.0, 1, -1, 2, -2], [10, -10, 11, -11, 12, -12]]))
     with pytest.raises(ValueError, match="not a multiple of num_towers=4"):
         MODEL_HEADS.get("siamese_concat_view")(num_towers=4)(features)
+
+
+def test_identity_head_returns_the_trunk_output_unchanged():
+    features = torch.randn(3, 7, 2, 2)
+    head = MODEL_HEADS.get("identity")()
+    assert head(features) is features and not list(head.parameters())

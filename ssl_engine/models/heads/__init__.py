@@ -1,6 +1,7 @@
 """Heads: modules applied to the trunk output, each registered with ``register_model_head``."""
 from ssl_engine.models.heads.dino_head import DINOHead  # noqa: F401  (registers "dino_head")
 from ssl_engine.models.heads.eval_mlp import EvalMLP  # noqa: F401  (registers "eval_mlp")
+from ssl_engine.models.heads.identity import IdentityHead  # noqa: F401  (registers "identity")
 from ssl_engine.models.heads.mlp import MLP  # noqa: F401  (registers "mlp")
 from ssl_engine.models.heads.siamese_concat_view import SiameseConcatView  # noqa: F401
 from ssl_engine.models.heads.swav_head import SwAVPrototypesHead  # noqa: F401  (registers it)
