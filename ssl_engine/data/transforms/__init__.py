@@ -10,6 +10,7 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     multicrop_random_apply,
     one_hot_encode,
     photometric,
+    rand_augment,
     resize,
     rotate,
     solarize,
