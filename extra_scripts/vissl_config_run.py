@@ -87,7 +87,7 @@ def synthetic_data(cfg: dict, batch: int, checkpoint_dir: str) -> None:
             continue
         part.update(DATA_SOURCES=["synthetic"], DATA_PATHS=[""], DATASET_NAMES=[],
                     LABEL_SOURCES=[], LABEL_PATHS=[], BATCHSIZE_PER_REPLICA=batch)
-        part["SYNTHETIC"] = {"NUM_SAMPLES": 2 * batch, "NUM_CLASSES": 10,
+        part["SYNTHETIC"] = {"NUM_SAMPLES": 2 * batch, "NUM_CLASSES": 2,  # any head has 2
                              "IMAGE_SIZE": _largest_size(part.get("TRANSFORMS"))}
         if (part.get("DATA_LIMIT") or -1) > 0:  # a subset of 2 batches, of 2 classes
             part["DATA_LIMIT"] = 2 * batch
