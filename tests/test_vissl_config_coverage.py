@@ -20,7 +20,7 @@ TREE = {
     "bench/b_catalog": DATA.format(source="disk_folder", name="my_folder"),
     "bench/c_not_in_catalog": DATA.format(source="disk_folder", name="in_no_catalog"),
     "bench/d_unsupported": DATA.format(source="synthetic", name="x")
-    + "  CLUSTERFIT: {NUM_CLUSTERS: 100}\n",
+    + "  IMG_RETRIEVAL: {TRAIN_DATASET_NAME: Paris}\n",
     # fragments: composed over bench/a_synthetic
     "bench/models/resnet101": "  MODEL: {TRUNK: {NAME: resnet, RESNETS: {DEPTH: 101}}}\n",
     "bench/models_fine/mnv3": "  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}\n",
@@ -70,7 +70,8 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     lines = [line.strip() for line in out.splitlines()]
     assert "1  config.MODEL.TRUNK.NAME=mobilenetv3_timm  [bench/models_fine/mnv3]" in lines
     assert "1  unknown key config.MODEL.TRUNK.RESNET  [bench/models/typo]" in lines
-    assert any(line.startswith("1  unsupported config.CLUSTERFIT.NUM_CLUSTERS") for line in lines)
+    assert any(line.startswith("1  unsupported config.IMG_RETRIEVAL.TRAIN_DATASET_NAME")
+               for line in lines)
     assert any(line.startswith("1  config.DATA.TRAIN.DATASET_NAMES[N]='in_no_catalog' is not in")
                for line in lines)
     names, foreign = module.config_names(tmp_path / "config")
