@@ -18,8 +18,8 @@ the synthetic source (``synthetic_data``), and runs the config's engine in one C
   run over the same tiny splits;
 - the files VISSL runs with a tool of its own (``tool_of``): that tool's way, the features of
   both splits extracted, then the k-NN classification (tools/nearest_neighbor_test.py), the
-  low-shot logistic regression (tools/low_shot_test.py) or the clustering into at most 2
-  clusters (tools/cluster_features_and_label.py).
+  SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression (tools/low_shot_test.py) or the
+  clustering into at most 2 clusters (tools/cluster_features_and_label.py).
 
 A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
 
@@ -142,13 +142,16 @@ def run_knn_tool(cfg) -> None:
     _load_tool("nearest_neighbor_test").evaluate(cfg, layer, get_or_extract(cfg, layer))
 
 
-def tool_of(name: str, cfg):
+def tool_of(name: str, hydra_args, cfg):
     """The tool VISSL runs the file with, when it is not run_distributed_engines.py: the k-NN
-    benchmark (a nearest_neighbor folder), the low-shot benchmark (a limited TRAIN split in a
-    low_shot_transfer folder), ClusterFit's clustering (cluster_features_* files)."""
+    benchmark (a nearest_neighbor folder), the SVM benchmark (a *_svm file, or a fragment over
+    one), the low-shot benchmark (a limited TRAIN split in a low_shot_transfer folder),
+    ClusterFit's clustering (cluster_features_* files)."""
     parts = Path(name).parts
     if "nearest_neighbor" in parts:
         return "nearest_neighbor_test"
+    if any(str(arg).endswith("_svm") for arg in hydra_args):
+        return "train_svm"
     if any("low_shot_transfer" in part for part in parts) and cfg.DATA.TRAIN.DATA_LIMIT > 0:
         return "low_shot_test"
     if parts[-1].startswith("cluster_features"):
@@ -163,6 +166,8 @@ def run_tool(tool: str, cfg) -> None:
     if tool == "cluster_features_and_label":  # as many clusters as the tiny data allows
         cfg.CLUSTERFIT.NUM_CLUSTERS = min(cfg.CLUSTERFIT.NUM_CLUSTERS, 2)
         cfg.CLUSTERFIT.OUTPUT_DIR = cfg.CHECKPOINT.DIR
+    if tool == "train_svm":  # folds of the tiny data's 2 images per class
+        cfg.SVM.cross_val_folds = 2
     _load_tool(tool).run(cfg)
 
 
@@ -214,7 +219,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
         engine_name = composed.get("engine_name", "train")
         cfg = AttrDict(composed["config"])
         derive_settings(cfg)
-        tool = tool_of(name, cfg)
+        tool = tool_of(name, hydra_args, cfg)
         check_before_launch("extract_features" if tool else engine_name, cfg)
         check_size(cfg, memory_gb)
         if tool:

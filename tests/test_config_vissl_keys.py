@@ -252,3 +252,6 @@ def test_list_meters_of_a_feature_evaluation_model_count_its_stages():
     _, cfg = load_config(["config=feature_extraction/extract_resnet_digits", *meters,
                           "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=false"])
     assert cfg.METERS.accuracy_list_meter.num_meters == 1
+    _, cfg = load_config(["config=feature_extraction/extract_resnet_digits",  # VISSL's older key
+                          "config.METERS.name=accuracy_list_meter"])
+    assert cfg.METERS.accuracy_list_meter.num_meters == 2

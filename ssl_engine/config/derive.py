@@ -183,7 +183,7 @@ def _derive_meter_settings(cfg: AttrDict) -> None:
     if not (settings.EVAL_MODE_ON and (settings.FREEZE_TRUNK_ONLY
                                        or settings.FREEZE_TRUNK_AND_HEAD) and stages):
         return
-    for name in cfg.METERS.get("names") or []:
+    for name in [cfg.METERS.get("name"), *(cfg.METERS.get("names") or [])]:  # older key too
         if name in LIST_METERS and isinstance(cfg.METERS.get(name), dict):
             cfg.METERS[name].num_meters = len(stages)
             cfg.METERS[name].meter_names = [str(stage[0]) for stage in stages]
