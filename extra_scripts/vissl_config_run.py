@@ -232,7 +232,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
             except FirstEpochDone:
                 pass
         outputs = sorted(p.name for p in Path(folder).iterdir())
-    if engine_name == "train" and stopper.iterations < 2:
+    if engine_name == "train" and not cfg.TEST_ONLY and stopper.iterations < 2:
         raise RuntimeError(f"trained {stopper.iterations} iterations, expected 2")
     return {"engine": engine_name, "iterations": stopper.iterations, "outputs": outputs[:20]}
 
