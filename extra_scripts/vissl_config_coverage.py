@@ -2,6 +2,7 @@
 
     python extra_scripts/vissl_config_coverage.py [VISSL_CONFIG_TREE] [--top 15] [--hydra]
         [--catalog FILE] [--any-dataset] [--override config.KEY=VALUE ...]
+        [--run N [--seed 0] [--run-batch 2] [--run-timeout 600] [--run-memory-gb 10]]
 
 For every .yaml under VISSL's config tree (default /work/shared/vissl/configs/config) the file
 is composed as a VISSL user runs it, over this engine's defaults.yaml, with
@@ -29,6 +30,11 @@ paths it gives are not opened. ``--any-dataset`` adds a placeholder entry for ev
 the tree uses (VISSL's shipped catalog lacks its internal datasets), to show what refuses
 those files next.
 
+Running: ``--run N`` then trains up to N of the accepted files, evenly over the folders
+(seeded), for 2 iterations each on synthetic data on the CPU, each in its own process under a
+time and memory limit, and prints what ran and the failures grouped by the first line of their
+error (extra_scripts/vissl_config_run.py says what is changed to run them here).
+
 Composition: VISSL's files are ``# @package _global_`` files without defaults lists, so by default
 the script merges them with OmegaConf the way Hydra does (dicts merged, lists replaced), which
 takes milliseconds per file (``config.MACHINE.DEVICE=cpu`` is set as a string, as Hydra
@@ -48,6 +54,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "extra_scripts"))
+
+from vissl_config_run import pick, print_table, run_sample  # noqa: E402  (--run)
 
 DATASET_FOLDER_ENDINGS = ("dataset", "datasets")  # e.g. semi_sup_datasets: data fragments
 BASE_OVERRIDES = ("config.MACHINE.DEVICE=cpu",)
@@ -214,6 +223,15 @@ def main(argv=None) -> int:
     parser.add_argument("--any-dataset", action="store_true",
                         help="add a placeholder catalog entry for every DATASET_NAMES the tree "
                              "uses that the catalog lacks (the next refusals behind the data)")
+    parser.add_argument("--run", type=int, default=0, metavar="N",
+                        help="then train up to N accepted files for 2 iterations each on "
+                             "synthetic data (extra_scripts/vissl_config_run.py)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --run sample")
+    parser.add_argument("--run-batch", type=int, default=2, help="images per step in --run")
+    parser.add_argument("--run-timeout", type=float, default=600,
+                        help="seconds a --run file may take")
+    parser.add_argument("--run-memory-gb", type=float, default=10,
+                        help="address space of a --run process (0: no limit)")
     args = parser.parse_args(argv)
     OVERRIDES[:] = [*BASE_OVERRIDES, *args.override]
     import logging
@@ -262,7 +280,7 @@ def measure(args) -> int:
     start = time.perf_counter()
     reasons = collections.Counter()
     examples = {}
-    accepted = 0
+    accepted = []
     try:
         for name, hydra_args in names:
             try:
@@ -275,28 +293,40 @@ def measure(args) -> int:
                     cfg = AttrDict(composed["config"])
                 derive_settings(cfg)
                 check_names(engine_name, cfg)
-                accepted += 1
+                accepted.append((name, hydra_args))
             except (ConfigError, KeyError, TypeError, ValueError) as err:
                 text = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
                 reason = reason_of(text)
                 reasons[reason] += 1
                 examples.setdefault(reason, name)
+        print_validation(root, names, foreign, catalog, len(accepted), reasons, examples,
+                         args.top, time.perf_counter() - start)
+        if args.run > 0:
+            picked = pick(accepted, args.run, args.seed)
+            print(f"\n--run {args.run}: {len(picked)} of the {len(accepted)} accepted files "
+                  f"(seed {args.seed}), 2 iterations each on synthetic data", flush=True)
+            results, seconds = run_sample(root, picked, OVERRIDES, args.run_batch,
+                                          args.run_timeout, args.run_memory_gb)
+            print_table(results, seconds)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if tmp_catalog is not None:
             os.unlink(tmp_catalog)
+    return 0
+
+
+def print_validation(root, names, foreign, catalog, accepted, reasons, examples, top, seconds):
     total = len(names)
-    print(f"{total + len(foreign)} config files under {root} ({time.perf_counter() - start:.0f} s)")
+    print(f"{total + len(foreign)} config files under {root} ({seconds:.0f} s)")
     print(f"  not engine configs:   {len(foreign)} (no config: section; e.g. {foreign[0]})"
           if foreign else "  not engine configs:   0")
     print(f"  engine configs:       {total} (dataset catalog: {catalog or 'none'})")
     print(f"  compose and validate: {accepted}")
     print(f"  refused:              {total - accepted} ({len(reasons)} reasons)")
     print(f"\n{'files':>5}  reason (first refusal of each file)  [example]")
-    for reason, count in reasons.most_common(args.top):
+    for reason, count in reasons.most_common(top):
         print(f"{count:>5}  {reason}  [{examples[reason]}]")
-    return 0
 
 
 if __name__ == "__main__":

@@ -241,3 +241,22 @@ def test_older_key_dropped_from_the_command_line(tmp_path, monkeypatch):
     _, cfg = compose_config(["config=model/trunk_params_both",
                              "~config.MODEL.TRUNK.TRUNK_PARAMS"])
     assert cfg.MODEL.TRUNK.RESNETS.DEPTH == 152 and "TRUNK_PARAMS" not in cfg.MODEL.TRUNK
+
+
+def test_list_meters_of_a_feature_evaluation_model_count_its_stages():
+    """VISSL's model fragments change the evaluated stages, not the meters: as VISSL did, each
+    list meter gets one meter per stage, named after it; a training model keeps its setting."""
+    from ssl_engine.config import load_config
+
+    meters = ["config.METERS.names=[accuracy_list_meter,mean_ap_list_meter]",
+              "config.METERS.accuracy_list_meter.num_meters=1"]
+    _, cfg = load_config(["config=feature_extraction/extract_resnet_digits", *meters])
+    for name in ("accuracy_list_meter", "mean_ap_list_meter"):
+        assert cfg.METERS[name].num_meters == 2
+        assert cfg.METERS[name].meter_names == ["res4", "res5avg"]
+    _, cfg = load_config(["config=feature_extraction/extract_resnet_digits", *meters,
+                          "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=false"])
+    assert cfg.METERS.accuracy_list_meter.num_meters == 1
+    _, cfg = load_config(["config=feature_extraction/extract_resnet_digits",  # VISSL's older key
+                          "config.METERS.name=accuracy_list_meter"])
+    assert cfg.METERS.accuracy_list_meter.num_meters == 2

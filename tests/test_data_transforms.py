@@ -342,3 +342,28 @@ def test_shuffle_img_patches_unreachable_url_says_to_download(tmp_path, monkeypa
     with pytest.raises(ValueError, match="download it and set perm_file to the local .npy"):
         build_transforms([{"name": "ShuffleImgPatches",
                            "perm_file": "http://127.0.0.1:9/perms.npy"}])
+
+
+def test_rand_augment_with_vissls_arguments_is_timms_and_with_torchvisions_is_torchvisions():
+    import random
+
+    from timm.data.auto_augment import rand_augment_transform
+    from torchvision.transforms import RandAugment as TorchvisionRandAugment
+
+    from ssl_engine.data.transforms import known_transforms
+
+    rand_augment = known_transforms()["RandAugment"]
+    image = Image.fromarray(np.random.RandomState(0).randint(0, 256, (24, 24, 3), np.uint8))
+    ours = rand_augment(magnitude=9, magnitude_std=0.5, increasing_severity=True, num_layers=3)
+    timms = rand_augment_transform("rand-m9-n3-mstd0.5-inc1", None)
+    outputs = []
+    for transform in (ours, timms):
+        random.seed(5)
+        np.random.seed(5)
+        outputs.append([np.asarray(transform(image)) for _ in range(6)])
+    for a, b in zip(*outputs):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, np.asarray(image)) for a in outputs[0])
+    assert isinstance(rand_augment(num_ops=2, magnitude=9).transform, TorchvisionRandAugment)
+    with pytest.raises(ValueError, match="weight_choice"):
+        rand_augment(magnitude=9, weight_choice=0)

@@ -108,3 +108,38 @@ def test_features_of_other_weights_are_not_reused(tmp_path):
     second = get_or_extract(config_for(weights[1]), "res5avg")
     assert not np.array_equal(first["TRAIN"].features, second["TRAIN"].features)
     np.testing.assert_array_equal(first["TRAIN"].inds, second["TRAIN"].inds)
+
+
+def test_low_shot_tool_runs_vissls_logistic_regression_on_a_limited_train_split(tmp_path, capsys):
+    """DATA.TRAIN.DATA_LIMIT > 0: per seed a balanced draw of the train split extracted into
+    seed<k>/, the logistic regression of each lambda on it, mean and std over the seeds."""
+    from ssl_engine.evaluation.low_shot import logistic_regression_eval
+
+    argv = [CONFIG, *TINY, f"config.CHECKPOINT.DIR={tmp_path}",
+            "config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true",
+            "config.DATA.TRAIN.DATA_LIMIT=8",
+            "config.DATA.TRAIN.DATA_LIMIT_SAMPLING.IS_BALANCED=true",
+            "config.LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.SEEDS=[0,1]",
+            "config.LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA=[0.1,10.0]"]
+    assert load_tool("low_shot_test").main(argv) == 0
+    out = capsys.readouterr().out
+    (record,) = records(tmp_path, "low_shot_benchmark")
+    assert record["seeds"] == [0, 1] and record["data_limit"] == 8
+    assert sorted(record["layers"]) == ["res4", "res5avg"]
+    draws = []
+    for layer, summary in record["layers"].items():
+        top1 = []
+        for seed, run in zip((0, 1), summary["runs"]):
+            train, test = (load_extracted(tmp_path / f"seed{seed}", split, layer)
+                           for split in ("train", "test"))
+            assert len(train.targets) == 8 and np.bincount(train.targets).tolist() == [2] * 4
+            assert len(test.targets) == 21
+            draws.append(train.features)
+            expected = logistic_regression_eval(train.features, train.targets, test.features,
+                                                test.targets, [0.1, 10.0])
+            assert run == expected
+            top1.append(expected["top1"])
+        assert summary["per_seed"] == top1
+        assert summary["mean"] == np.mean(top1) and summary["std"] == np.std(top1)
+        assert f"({layer}, 2 seeds): top-1 {np.mean(top1):.2f} ± {np.std(top1):.2f} %" in out
+    assert not np.array_equal(draws[0], draws[1])  # each seed draws its own train images

@@ -66,3 +66,49 @@ def test_raw_pixel_one_shot_on_digits():
     assert 55 <= result[1]["mean"] <= 70
     assert result[1]["mean"] < result[5]["mean"]
     assert len(result[1]["per_seed"]) == 5 and result[1]["std"] > 0
+
+
+def _fit_plainly(train, train_y, test, lam, steps=200):
+    """The objective written out: standardised features, the mean cross-entropy of the n
+    train samples plus lam / (2 n^2) * |W|^2 (bias not penalised), minimised with LBFGS."""
+    import torch
+
+    mean, std = train.mean(0), train.std(0)
+    std[std == 0] = 1
+    x = torch.tensor((train - mean) / std, dtype=torch.float64)
+    t = torch.tensor((test - mean) / std, dtype=torch.float64)
+    y = torch.tensor(train_y)
+    w = torch.zeros(x.shape[1], int(y.max()) + 1, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(int(y.max()) + 1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=steps, tolerance_grad=1e-10,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x @ w + b, y) + lam / (2 * len(y) ** 2) * (w ** 2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        return (x @ w + b).argmax(1).numpy(), (t @ w + b).argmax(1).numpy()
+
+
+def test_logistic_regression_matches_the_objective_fitted_plainly():
+    from ssl_engine.evaluation.low_shot import logistic_regression_eval
+
+    train, train_y, test, test_y = small_data(seed=4)
+    train = train * np.linspace(0.5, 20, train.shape[1])  # scales the standardisation undoes
+    test = test * np.linspace(0.5, 20, test.shape[1])
+    lambdas = [30.0, 300.0, 3000.0]  # (weaker penalties leave this data nearly separable)
+    result = logistic_regression_eval(train, train_y, test, test_y, lambdas)
+    for lam, row in zip(lambdas, result["per_lambda"]):
+        train_pred, test_pred = _fit_plainly(train, train_y, test, lam)
+        assert row["lambda"] == lam
+        assert row["train_top1"] == pytest.approx(100 * np.mean(train_pred == train_y))
+        assert row["top1"] == pytest.approx(100 * np.mean(test_pred == test_y))
+    tops = [row["top1"] for row in result["per_lambda"]]
+    assert len(set(tops)) > 1  # the penalty matters on this data
+    assert result["top1"] == max(tops)
+    with pytest.raises(ValueError, match="LAMBDA must be positive"):
+        logistic_regression_eval(train, train_y, test, test_y, [0.0])

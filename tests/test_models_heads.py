@@ -159,3 +159,9 @@ def test_mlp_without_biases():
     assert len(linears) == 2 and all(layer.bias is None for layer in linears)
     x = torch.randn(5, 6)
     torch.testing.assert_close(head(x), linears[1](torch.relu(head.clf[1](linears[0](x)))))
+
+
+def test_identity_head_returns_the_trunk_output_unchanged():
+    features = torch.randn(3, 7, 2, 2)
+    head = MODEL_HEADS.get("identity")()
+    assert head(features) is features and not list(head.parameters())

@@ -20,7 +20,7 @@ TREE = {
     "bench/b_catalog": DATA.format(source="disk_folder", name="my_folder"),
     "bench/c_not_in_catalog": DATA.format(source="disk_folder", name="in_no_catalog"),
     "bench/d_unsupported": DATA.format(source="synthetic", name="x")
-    + "  CLUSTERFIT: {NUM_CLUSTERS: 100}\n",
+    + "  IMG_RETRIEVAL: {TRAIN_DATASET_NAME: Paris}\n",
     # fragments: composed over bench/a_synthetic
     "bench/models/resnet101": "  MODEL: {TRUNK: {NAME: resnet, RESNETS: {DEPTH: 101}}}\n",
     "bench/models_fine/mnv3": "  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}\n",
@@ -34,13 +34,13 @@ def logger_levels():
             if name.startswith("ssl_engine")}
 
 
-def run_script(tmp_path, capsys, *args):
+def run_script(tmp_path, capsys, *args, tree=TREE):
     spec = importlib.util.spec_from_file_location(
         "vissl_config_coverage", REPO / "extra_scripts/vissl_config_coverage.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     root = tmp_path / "config"
-    for name, body in TREE.items():
+    for name, body in tree.items():
         path = root / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# @package _global_\nconfig:\n{body}")
@@ -70,7 +70,8 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     lines = [line.strip() for line in out.splitlines()]
     assert "1  config.MODEL.TRUNK.NAME=mobilenetv3_timm  [bench/models_fine/mnv3]" in lines
     assert "1  unknown key config.MODEL.TRUNK.RESNET  [bench/models/typo]" in lines
-    assert any(line.startswith("1  unsupported config.CLUSTERFIT.NUM_CLUSTERS") for line in lines)
+    assert any(line.startswith("1  unsupported config.IMG_RETRIEVAL.TRAIN_DATASET_NAME")
+               for line in lines)
     assert any(line.startswith("1  config.DATA.TRAIN.DATASET_NAMES[N]='in_no_catalog' is not in")
                for line in lines)
     names, foreign = module.config_names(tmp_path / "config")
@@ -87,3 +88,64 @@ def test_any_dataset_adds_placeholders_for_names_the_catalog_lacks(tmp_path, cap
     _, out = run_script(tmp_path, capsys, "--any-dataset")
     assert "compose and validate: 5" in out  # c_not_in_catalog too
     assert "in_no_catalog" not in out
+
+
+TINY_SIMCLR = """  DATA:
+    NUM_DATALOADER_WORKERS: 4
+    TRAIN:
+      DATA_SOURCES: [disk_folder]
+      DATASET_NAMES: [my_folder]
+      BATCHSIZE_PER_REPLICA: 64
+      COLLATE_FUNCTION: simclr_collator
+      TRANSFORMS:
+        - {name: ImgReplicatePil, num_times: 2}
+        - {name: RandomResizedCrop, size: 16}
+        - {name: ToTensor}
+  MODEL:
+    TRUNK:
+      NAME: resnet
+      RESNETS: {DEPTH: 18, WIDTH_MULTIPLIER: 0.125, SMALL_IMAGE_STEM: true}
+    HEAD:
+      PARAMS: [[mlp, {dims: [64, DIM]}]]
+  LOSS:
+    name: simclr_info_nce_loss
+    simclr_info_nce_loss: {temperature: 0.2, buffer_params: {embedding_dim: 16}}
+  OPTIMIZER: {name: sgd, num_epochs: 100, param_schedulers: {lr: {name: constant, value: 0.1}}}
+  DISTRIBUTED: {BACKEND: nccl, NUM_NODES: 2, NUM_PROC_PER_NODE: 8}
+  MACHINE: {DEVICE: gpu}
+  TEST_MODEL: false
+"""
+RUN_TREE = {
+    "pretrain/tiny_simclr": TINY_SIMCLR.replace("DIM", "16"),
+    # accepted before launch, fails at its first step: the head gives 8 values, the loss wants 16
+    "pretrain/other/tiny_simclr_wrong_dim": TINY_SIMCLR.replace("DIM", "8"),
+}
+
+
+def test_run_trains_the_sample_and_groups_failures(tmp_path, capsys):
+    """--run 2: both accepted files run (2 GPU nodes' settings, a catalog dataset and 100
+    epochs become one CPU process on synthetic data for 2 iterations); the one whose head and
+    loss disagree fails with the loss's message as its reason."""
+    _, out = run_script(tmp_path, capsys, "--run", "2", "--run-memory-gb", "0", tree=RUN_TREE)
+    assert "compose and validate: 2" in out
+    assert "ran 2 configs for real" in out and "1 ran, 1 failed (1 reasons)" in out
+    assert "ran, by engine: train 1" in out
+    lines = [line.strip() for line in out.splitlines()]
+    assert any(line.startswith("1  ValueError: simclr_info_nce_loss expects embeddings of shape")
+               and line.endswith("[pretrain/other/tiny_simclr_wrong_dim]") for line in lines)
+    assert any(line.endswith("pretrain/tiny_simclr: ran") for line in lines)
+
+
+def test_run_sample_is_even_over_folders_and_seeded():
+    spec = importlib.util.spec_from_file_location(
+        "vissl_config_run", REPO / "extra_scripts/vissl_config_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = [(f"a/{i}", []) for i in range(10)] + [(f"b/{i}", []) for i in range(3)] + \
+        [("c/x/0", [])]
+    picked = [name for name, _ in module.pick(names, 7, seed=1)]
+    assert sorted(n.split("/")[0] for n in picked[:3]) == ["a", "b", "c"]  # one per folder
+    assert sorted(n.split("/")[0] for n in picked) == ["a"] * 3 + ["b"] * 3 + ["c"]
+    assert picked == [name for name, _ in module.pick(names, 7, seed=1)]
+    assert picked != [name for name, _ in module.pick(names, 7, seed=2)]
+    assert len(module.pick(names, 100, seed=0)) == 14

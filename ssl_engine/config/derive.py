@@ -213,6 +213,27 @@ def _warn_lars_only_settings(cfg: AttrDict) -> None:
                            optimizer.name)
 
 
+LIST_METERS = ("accuracy_list_meter", "mean_ap_list_meter", "precision_at_k_list_meter",
+               "recall_at_k_list_meter")
+
+
+def _derive_meter_settings(cfg: AttrDict) -> None:
+    """A feature-evaluation model (EVAL_MODE_ON, trunk or trunk and head frozen, stages in
+    LINEAR_EVAL_FEAT_POOL_OPS_MAP) gives one output per evaluated stage: as VISSL did, each
+    list meter of METERS.names gets num_meters = the number of stages and meter_names = their
+    names (whatever the file says: VISSL's model fragments change the stages, not the
+    meters)."""
+    settings = cfg.MODEL.FEATURE_EVAL_SETTINGS
+    stages = settings.LINEAR_EVAL_FEAT_POOL_OPS_MAP
+    if not (settings.EVAL_MODE_ON and (settings.FREEZE_TRUNK_ONLY
+                                       or settings.FREEZE_TRUNK_AND_HEAD) and stages):
+        return
+    for name in [cfg.METERS.get("name"), *(cfg.METERS.get("names") or [])]:  # older key too
+        if name in LIST_METERS and isinstance(cfg.METERS.get(name), dict):
+            cfg.METERS[name].num_meters = len(stages)
+            cfg.METERS[name].meter_names = [str(stage[0]) for stage in stages]
+
+
 def _check_ema_model(cfg: AttrDict) -> None:
     """HOOKS.EMA_MODEL's settings, when the average is kept."""
     ema = cfg.HOOKS.EMA_MODEL
@@ -249,6 +270,7 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     _derive_loss_settings(cfg)
     derive_masked_modeling(cfg)
     _warn_lars_only_settings(cfg)
+    _derive_meter_settings(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
         cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer

@@ -103,15 +103,15 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
         "test features are always compared in chunks (NEAREST_NEIGHBOR.CHUNK_SIZE)", True),
     "config.NEAREST_NEIGHBOR.FEATURES.PATH": "tools/nearest_neighbor_test.py extracts the features itself",
     # VISSL's separate tools
-    "config.CLUSTERFIT.*": _TOOL.format("ClusterFit"),
+    "config.CLUSTERFIT.CLUSTER_BACKEND": "k-means runs with faiss (where installed) or the "
+                                         "engine's exact k-means; no other backend",
     "config.RANKING.*": _TOOL.format("ranking"),
     "config.SVM.low_shot": "the low-shot SVM benchmark (VISSL's train_svm_low_shot.py) is not "
                            "implemented; tools/train_svm.py trains on every train sample, and "
                            "tools/low_shot_test.py is the low-shot k-NN",
     "config.IMG_RETRIEVAL.*": _TOOL.format("instance retrieval"),
-    "config.LOW_SHOT_BENCHMARK.*": _TOOL.format("low-shot logistic regression")
-                                  + "; tools/low_shot_test.py reads LOW_SHOT",
-    "config.GEO_LOCALIZATION.*": _TOOL.format("geo-localisation"),
+    "config.LOW_SHOT_BENCHMARK.METHOD": "the low-shot benchmark's svm method is not implemented "
+                                        "(tools/low_shot_test.py runs logistic_regression)",
     # CHECKPOINT
     "config.CHECKPOINT.APPEND_DISTR_RUN_ID": "put the run id in CHECKPOINT.DIR yourself",
     "config.CHECKPOINT.BACKEND": "checkpoints are written to disk only",

@@ -32,6 +32,8 @@ NUMBER_OR_FALSE = ("config.MODEL.TRUNK.BEIT.INIT_VALUES", "config.MODEL.TRUNK.BE
                    "config.MODEL.TRUNK.SWIN_TRANSFORMER.QK_SCALE")
 # Keys that take a string or an int (a count that VISSL's configs write either way).
 STR_OR_INT = ("config.DISTRIBUTED.NCCL_SOCKET_NTHREADS",)
+# Keys that take a number or a list of numbers (VISSL's low-shot LAMBDA: one, or several tried).
+NUMBER_OR_LIST = ("config.LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA",)
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
 # or another scheduled parameter), while the keys of the known sub-sections are still checked.
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
@@ -200,6 +202,8 @@ def _check_value(path: str, default: Any, value: Any) -> None:
     if path in NUMBER_OR_FALSE and _is_number(value):
         return
     if path in STR_OR_INT and _kind(value) in ("str", "int"):
+        return
+    if path in NUMBER_OR_LIST and _kind(value) == "list" and all(map(_is_number, value)):
         return
     if not _type_ok(default, value):
         raise ConfigError(

@@ -52,3 +52,37 @@ def low_shot_eval(
         results[int(shot)] = {"mean": float(np.mean(per_seed)), "std": float(np.std(per_seed)),
                               "per_seed": per_seed}
     return results
+
+
+def logistic_regression_eval(
+    train_features: ArrayLike,
+    train_labels: ArrayLike,
+    test_features: ArrayLike,
+    test_labels: ArrayLike,
+    lambdas: Sequence[float],
+) -> Dict[str, object]:
+    """VISSL's low-shot logistic regression (LOW_SHOT_BENCHMARK): the features standardised
+    with the train set's mean and standard deviation, then, for each ``lambda``, a multinomial
+    logistic regression fitted by scikit-learn (lbfgs, its default iteration limit) with
+    ``C = n_train / lambda`` as VISSL set it: the sum of the n train losses plus
+    ``lambda / (2 n) * |w|^2`` (the bias not penalised). ``{"per_lambda": [{"lambda", "train_top1", "top1"} ...], "top1": best test top-1}``
+    (percentages; the best over lambdas is VISSL's report)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    train = as_tensor(train_features, torch.float32).flatten(1).numpy()
+    test = as_tensor(test_features, torch.float32).flatten(1).numpy()
+    train_y = as_tensor(train_labels, torch.long).numpy()
+    test_y = as_tensor(test_labels, torch.long).numpy()
+    scaler = StandardScaler().fit(train)
+    train, test = scaler.transform(train), scaler.transform(test)
+    per_lambda = []
+    for lam in lambdas:
+        if lam <= 0:
+            raise ValueError(f"LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA must be positive, "
+                             f"got {lam}")
+        classifier = LogisticRegression(C=len(train_y) / float(lam)).fit(train, train_y)
+        per_lambda.append({"lambda": float(lam),
+                           "train_top1": 100.0 * classifier.score(train, train_y),
+                           "top1": 100.0 * classifier.score(test, test_y)})
+    return {"per_lambda": per_lambda, "top1": max(r["top1"] for r in per_lambda)}

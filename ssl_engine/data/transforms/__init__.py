@@ -12,6 +12,7 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     one_hot_encode,
     patches_and_image,
     photometric,
+    rand_augment,
     resize,
     rotate,
     solarize,

@@ -1,0 +1,351 @@
+"""``vissl_config_coverage.py --run N``: train a sample of the accepted VISSL configs for real.
+
+The sample: up to N of the files that compose and validate, taken in turn from each folder of
+the tree (the folders in a seeded random order, the files of each folder shuffled with the same
+seed), so that every kind of config is met before any folder gives a second one.
+
+Each file runs in its own process, forked from the script after the engine is imported (or by
+hand: ``python extra_scripts/vissl_config_run.py TREE NAME HYDRA_ARGS_JSON BATCH
+OVERRIDES_JSON``), under a time limit and an address-space limit, so a hang or a model too
+large for the machine ends that run only. The process composes the file as the coverage script does, puts its data on
+the synthetic source (``synthetic_data``), and runs the config's engine in one CPU process:
+
+- ``train``: the config's model, loss, heads, optimizer, schedulers, collator, transforms and
+  hooks as written, on ``2 * BATCHSIZE`` synthetic images (BATCHSIZE given, default 2), so
+  that the first epoch is 2 iterations, then its test phase when the config tests every
+  epoch; the run ends when the second epoch would start (or at its own end);
+- extraction engines (``extract_features``, ``extract_label_predictions``, ...): their whole
+  run over the same tiny splits;
+- the files VISSL runs with a tool of its own (``tool_of``): that tool's way, the features of
+  both splits extracted, then the k-NN classification (tools/nearest_neighbor_test.py), the
+  SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression (tools/low_shot_test.py) or the
+  clustering into at most 2 clusters (tools/cluster_features_and_label.py).
+
+A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
+
+A model whose weights alone would take more than a third of the memory limit is not built
+(reported as too large for the machine); the others meet the limit if they exceed it.
+
+Only what cannot exist here is changed: the data (DATA_SOURCES -> synthetic, DATA_PATHS,
+DATASET_NAMES and label files cleared, SYNTHETIC.NUM_SAMPLES / IMAGE_SIZE set), the batch size,
+the machine (MACHINE.DEVICE=cpu, one process, no data-loader workers, no SLURM, RUN_ID auto),
+the output folder (a temporary one) and the weights to start from (WEIGHTS_INIT.PARAMS_FILE
+cleared: random weights, as the files name checkpoints of VISSL's authors' storage).
+"""
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT = "RUN-RESULT "
+IMAGE_SIZE = 224  # the synthetic images' side, unless the config's transforms ask for more
+
+
+def pick(names, count: int, seed: int):
+    """Up to ``count`` of ``names`` ((name, args) pairs), evenly over their folders, seeded."""
+    rng = random.Random(seed)
+    folders = defaultdict(list)
+    for item in names:
+        folders[str(Path(item[0]).parent)].append(item)
+    order = sorted(folders)
+    rng.shuffle(order)
+    for folder in order:
+        rng.shuffle(folders[folder])
+    picked = []
+    while len(picked) < count and any(folders[f] for f in order):
+        for folder in order:
+            if folders[folder] and len(picked) < count:
+                picked.append(folders[folder].pop())
+    return picked
+
+
+def _largest_size(transforms) -> int:
+    sizes = [IMAGE_SIZE]
+    for transform in transforms or []:
+        for key in ("size", "crop_size", "size_crops"):
+            value = transform.get(key) if isinstance(transform, dict) else None
+            values = value if isinstance(value, list) else [value]
+            sizes += [int(v) for v in values if isinstance(v, (int, float))]
+    return max(sizes)
+
+
+def synthetic_data(cfg: dict, batch: int, checkpoint_dir: str) -> None:
+    """Edit the composed ``config`` section in place: synthetic data, ``batch`` images per
+    step, one CPU process, outputs in ``checkpoint_dir``, random initial weights."""
+    data = cfg.setdefault("DATA", {})
+    data["NUM_DATALOADER_WORKERS"] = 0
+    for split in ("TRAIN", "TEST"):
+        part = data.setdefault(split, {})
+        if not (part.get("DATA_SOURCES") or part.get("DATASET_NAMES")):
+            continue
+        part.update(DATA_SOURCES=["synthetic"], DATA_PATHS=[""], DATASET_NAMES=[],
+                    LABEL_SOURCES=[], LABEL_PATHS=[], BATCHSIZE_PER_REPLICA=batch)
+        part["SYNTHETIC"] = {"NUM_SAMPLES": 2 * batch, "NUM_CLASSES": 2,  # any head has 2
+                             "IMAGE_SIZE": _largest_size(part.get("TRANSFORMS"))}
+        if (part.get("DATA_LIMIT") or -1) > 0:  # a subset of 2 batches, of 2 classes
+            part["DATA_LIMIT"] = 2 * batch
+            part["SYNTHETIC"].update(NUM_SAMPLES=4 * batch, NUM_CLASSES=2)
+    cfg.setdefault("MACHINE", {})["DEVICE"] = "cpu"
+    dist = cfg.setdefault("DISTRIBUTED", {})
+    dist.update(NUM_NODES=1, NUM_PROC_PER_NODE=1, RUN_ID="auto")
+    if dist.get("INIT_METHOD") not in (None, "tcp", "file"):
+        dist["INIT_METHOD"] = "tcp"
+    cfg.setdefault("SLURM", {})["USE_SLURM"] = False
+    cfg.setdefault("CHECKPOINT", {}).update(DIR=checkpoint_dir, AUTO_RESUME=False)
+    init = cfg.setdefault("MODEL", {}).setdefault("WEIGHTS_INIT", {})
+    init["PARAMS_FILE"] = ""
+    cfg.setdefault("HOOKS", {}).setdefault("RUN_REPORT", {})["ENABLED"] = False
+
+
+def first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def check_size(cfg, memory_gb: float) -> None:
+    """Refuse a model whose weights alone take more than a third of ``memory_gb``."""
+    import torch
+
+    from ssl_engine.models import build_model
+
+    if memory_gb <= 0:
+        return
+    with torch.device("meta"):
+        model = build_model(cfg.MODEL)
+    count = sum(p.numel() for p in model.parameters())
+    if count * 4 * 3 > memory_gb * 2**30:
+        raise MemoryError(f"too large for this machine: {count / 1e6:.0f}M parameters, more "
+                          f"than a third of --run-memory-gb={memory_gb:g} in float32 weights")
+
+
+def _load_tool(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def run_knn_tool(cfg) -> None:
+    """What tools/nearest_neighbor_test.py does with the composed config."""
+    from ssl_engine.engines.evaluate_extracted import evaluation_layer, get_or_extract
+
+    layer = evaluation_layer(cfg, cfg.NEAREST_NEIGHBOR.FEATURES_LAYER)
+    _load_tool("nearest_neighbor_test").evaluate(cfg, layer, get_or_extract(cfg, layer))
+
+
+def tool_of(name: str, hydra_args, cfg):
+    """The tool VISSL runs the file with, when it is not run_distributed_engines.py: the k-NN
+    benchmark (a nearest_neighbor folder), the SVM benchmark (a *_svm file, or a fragment over
+    one), the low-shot benchmark (a limited TRAIN split in a low_shot_transfer folder),
+    ClusterFit's clustering (cluster_features_* files)."""
+    parts = Path(name).parts
+    if "nearest_neighbor" in parts:
+        return "nearest_neighbor_test"
+    if any(str(arg).endswith("_svm") for arg in hydra_args):
+        return "train_svm"
+    if any("low_shot_transfer" in part for part in parts) and cfg.DATA.TRAIN.DATA_LIMIT > 0:
+        return "low_shot_test"
+    if parts[-1].startswith("cluster_features"):
+        return "cluster_features_and_label"
+    return None
+
+
+def run_tool(tool: str, cfg) -> None:
+    if tool == "nearest_neighbor_test":
+        run_knn_tool(cfg)
+        return
+    if tool == "cluster_features_and_label":  # as many clusters as the tiny data allows
+        cfg.CLUSTERFIT.NUM_CLUSTERS = min(cfg.CLUSTERFIT.NUM_CLUSTERS, 2)
+        cfg.CLUSTERFIT.OUTPUT_DIR = cfg.CHECKPOINT.DIR
+    if tool == "train_svm":  # folds of the tiny data's 2 images per class
+        cfg.SVM.cross_val_folds = 2
+    _load_tool(tool).run(cfg)
+
+
+def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: float) -> dict:
+    """Compose, check and run one file in this process; its outcome as a dict."""
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "extra_scripts"))
+    import logging
+
+    import torch
+
+    import vissl_config_coverage as coverage
+    from ssl_engine.config import AttrDict
+    from ssl_engine.config.compose import load_defaults
+    from ssl_engine.config.derive import derive_settings
+    from ssl_engine.config.validate import validate_config
+    from ssl_engine.engines.launcher import launch_distributed
+    from ssl_engine.engines.prelaunch import check_before_launch
+    from ssl_engine.hooks import SSLHook
+    from ssl_engine.trainer.default_hooks import default_hook_generator
+
+    torch.set_num_threads(1)
+    logging.getLogger("ssl_engine").setLevel(logging.WARNING)
+
+    class FirstEpochDone(Exception):
+        """Raised when the second training epoch would start: the sample run is over."""
+
+    class EndAfterFirstEpoch(SSLHook):
+        def __init__(self):
+            super().__init__()
+            self.iterations = 0
+
+        def on_step(self, task):
+            if task.train:
+                self.iterations = task.iteration
+
+        def on_phase_start(self, task):
+            if task.train and task.iteration > 0:
+                raise FirstEpochDone()
+
+    stopper = EndAfterFirstEpoch()
+    coverage.OVERRIDES[:] = overrides
+    schema = load_defaults()
+    schema.pop("defaults", None)
+    with tempfile.TemporaryDirectory(prefix="vissl_run_") as folder:
+        composed = coverage.compose_fast(Path(tree), hydra_args, schema)
+        synthetic_data(composed["config"], batch, folder)
+        validate_config(composed, schema)
+        engine_name = composed.get("engine_name", "train")
+        cfg = AttrDict(composed["config"])
+        derive_settings(cfg)
+        tool = tool_of(name, hydra_args, cfg)
+        check_before_launch("extract_features" if tool else engine_name, cfg)
+        check_size(cfg, memory_gb)
+        if tool:
+            engine_name = f"tools/{tool}.py"
+            run_tool(tool, cfg)
+        else:
+            try:
+                launch_distributed(cfg, engine_name,
+                                   hook_generator=lambda c: default_hook_generator(c) + [stopper])
+            except FirstEpochDone:
+                pass
+        outputs = sorted(p.name for p in Path(folder).iterdir())
+    if engine_name == "train" and not cfg.TEST_ONLY and stopper.iterations < 2:
+        raise RuntimeError(f"trained {stopper.iterations} iterations, expected 2")
+    return {"engine": engine_name, "iterations": stopper.iterations, "outputs": outputs[:20]}
+
+
+def reason(message: str) -> str:
+    """Failures grouped: numbers, paths and quoted values made generic."""
+    message = re.sub(r"/[\w./-]+", "PATH", message)
+    return re.sub(r"\d+", "N", message)[:110]
+
+
+def _child(conn, log: str, args) -> None:
+    """A forked process: one run under the memory limit, its outcome sent through ``conn``,
+    its output in ``log``."""
+    tree, name, hydra_args, batch, overrides, memory_gb = args
+    if memory_gb > 0:
+        import resource
+
+        limit = int(memory_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    with open(log, "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    try:
+        outcome = {"ok": True, **run_one(tree, name, hydra_args, batch, overrides, memory_gb)}
+    except BaseException as err:  # noqa: BLE001  (every failure is reported, grouped)
+        traceback.print_exc()
+        outcome = {"ok": False, "error": first_line(err)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    conn.send(outcome)
+    conn.close()
+    os._exit(0)
+
+
+def _preload() -> None:
+    """Import what every run needs once, before the runs are forked from this process."""
+    import torch  # noqa: F401
+
+    import ssl_engine.engines.launcher  # noqa: F401
+    import ssl_engine.trainer.default_hooks  # noqa: F401
+
+
+def run_sample(tree: Path, picked, overrides, batch: int, timeout: float, memory_gb: float):
+    """Run each picked file in a process forked from this one (imports done once), under
+    ``timeout`` seconds and ``memory_gb`` of address space; (results, seconds)."""
+    import multiprocessing
+
+    _preload()
+    fork = multiprocessing.get_context("fork")
+    results = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vissl_run_logs_") as logs:
+        for index, (name, hydra_args) in enumerate(picked, 1):
+            began = time.perf_counter()
+            log = os.path.join(logs, f"{index}.txt")
+            receive, send = fork.Pipe(duplex=False)
+            process = fork.Process(target=_child, args=(send, log, (
+                str(tree), name, hydra_args, batch, list(overrides), memory_gb)))
+            process.start()
+            send.close()
+            if receive.poll(timeout):
+                try:
+                    outcome = receive.recv()
+                except EOFError:  # the process died before it could answer
+                    outcome = None
+            else:
+                outcome = {"ok": False, "error": f"no result within {timeout:.0f} s"}
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            if outcome is None:
+                tail = [line for line in Path(log).read_text(errors="replace").splitlines()
+                        if line.strip()][-1:]
+                outcome = {"ok": False, "error": f"process ended with code {process.exitcode}"
+                                                 f": {tail[0] if tail else ''}"[:300]}
+            outcome.update(name=name, seconds=round(time.perf_counter() - began, 1))
+            results.append(outcome)
+            status = "ran" if outcome["ok"] else f"FAILED  {outcome['error']}"
+            print(f"[{index}/{len(picked)}] {outcome['seconds']:6.1f} s  {name}: {status}",
+                  flush=True)
+    return results, time.perf_counter() - start
+
+
+def print_table(results, seconds: float) -> None:
+    ran = [r for r in results if r["ok"]]
+    groups = defaultdict(list)
+    for result in results:
+        if not result["ok"]:
+            groups[reason(result["error"])].append(result["name"])
+    print(f"\nran {len(results)} configs for real ({seconds:.0f} s): {len(ran)} ran, "
+          f"{len(results) - len(ran)} failed ({len(groups)} reasons)")
+    engines = defaultdict(int)
+    for result in ran:
+        engines[result.get("engine", "?")] += 1
+    print("  ran, by engine: " + ", ".join(f"{k} {v}" for k, v in sorted(engines.items())))
+    print(f"\n{'files':>5}  failure (first line of the error)  [example]")
+    for text, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        print(f"{len(names):>5}  {text}  [{names[0]}]")
+
+
+def main(argv) -> int:
+    tree, name, hydra_args, batch, overrides = argv[0], argv[1], json.loads(argv[2]), \
+        int(argv[3]), json.loads(argv[4])
+    memory_gb = float(argv[5]) if len(argv) > 5 else 0.0
+    try:
+        outcome = {"ok": True, **run_one(tree, name, hydra_args, batch, overrides, memory_gb)}
+    except BaseException as err:  # noqa: BLE001  (every failure is reported, grouped)
+        traceback.print_exc()
+        outcome = {"ok": False, "error": first_line(err)}
+    print(RESULT + json.dumps(outcome), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
