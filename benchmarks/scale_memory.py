@@ -91,6 +91,9 @@ def ranks_main(rank: int, world: int, port: int, args, results) -> None:
         if rank == 0:  # the largest rank's share
             results[mode] = {key: max(r[key] for r in gathered) for key in row}
         del wrapped, model, optimizer
+    # both ranks done with every collective before either tears the group down (a rank that
+    # destroyed it while the other still used it ended once with gloo's 'terminate called')
+    dist.barrier()
     dist.destroy_process_group()
 
 
