@@ -94,8 +94,41 @@ def ema_towards_global_mean_(center: torch.Tensor, rows: torch.Tensor, momentum:
     center.mul_(momentum).add_(mean, alpha=1.0 - momentum)
 
 
+class TeacherCollapseMonitor:
+    """The collapse monitor of a loss with a teacher's prototype distributions (DINO, iBOT):
+    the model's outputs are prototype scores, not an embedding, so the monitor reads the
+    teacher's distributions, which the loss hands to ``_statistics`` at every step."""
+
+    monitor_embedding = False
+
+    @torch.no_grad()
+    def _statistics(self, targets: torch.Tensor) -> None:
+        """As fractions of log K: the mean entropy of the teacher's distributions (1: uniform,
+        DINO's collapse onto the center) and the entropy of their batch mean (0: every sample
+        on the same prototype, the other collapse)."""
+        self._last_statistics = {
+            "teacher_entropy": entropy_fraction(targets),
+            "teacher_mean_entropy": entropy_fraction(targets.mean(dim=0, keepdim=True)),
+        }
+
+    def collapse_statistics(self):
+        return self._last_statistics
+
+    @staticmethod
+    def collapse_warning(statistics) -> Optional[str]:
+        uniform = statistics.get("teacher_entropy")
+        if uniform is not None and float(uniform) > COLLAPSED_ENTROPY:
+            return (f"the teacher's distributions are uniform (entropy {float(uniform):.3f} of "
+                    "log K): the loss sits at log K and the features carry nothing")
+        one = statistics.get("teacher_mean_entropy")
+        if one is not None and float(one) < 1.0 - COLLAPSED_ENTROPY:
+            return (f"the teacher puts every sample on the same prototypes (entropy of the "
+                    f"batch mean {float(one):.3f} of log K)")
+        return None
+
+
 @register_loss("dino_loss")
-class DINOLoss(MomentumTargetLoss):
+class DINOLoss(TeacherCollapseMonitor, MomentumTargetLoss):
     """The model gives the ``dino_head``'s scores for all ``num_crops * B`` rows, crop-major
     (rows ``c*B .. c*B+B-1`` are crop ``c``; ``multicrop_collator`` puts the global crops
     first, as the first tensor of the input list).  ``crops_for_teacher`` are crop indices
@@ -225,36 +258,6 @@ class DINOLoss(MomentumTargetLoss):
                              "[dino_head, {...}]] and config.MODEL.HEAD.OUTPUT_HEADS [0, 1]")
         features = outputs[0][:teachers * batch]
         return sum(koleo_loss(crop) for crop in features.chunk(teachers))
-
-    # ------------------------------------------------------------------ collapse monitor
-    # the model's output are prototype scores, not an embedding: the monitor reads the
-    # teacher's distribution instead
-    monitor_embedding = False
-
-    @torch.no_grad()
-    def _statistics(self, targets: torch.Tensor) -> None:
-        """As fractions of log K: the mean entropy of the teacher's distributions (1: uniform,
-        DINO's collapse onto the center) and the entropy of their batch mean (0: every sample
-        on the same prototype, the other collapse)."""
-        self._last_statistics = {
-            "teacher_entropy": entropy_fraction(targets),
-            "teacher_mean_entropy": entropy_fraction(targets.mean(dim=0, keepdim=True)),
-        }
-
-    def collapse_statistics(self):
-        return self._last_statistics
-
-    @staticmethod
-    def collapse_warning(statistics) -> Optional[str]:
-        uniform = statistics.get("teacher_entropy")
-        if uniform is not None and float(uniform) > COLLAPSED_ENTROPY:
-            return (f"the teacher's distributions are uniform (entropy {float(uniform):.3f} of "
-                    "log K): the loss sits at log K and the features carry nothing")
-        one = statistics.get("teacher_mean_entropy")
-        if one is not None and float(one) < 1.0 - COLLAPSED_ENTROPY:
-            return (f"the teacher puts every sample on the same prototypes (entropy of the "
-                    f"batch mean {float(one):.3f} of log K)")
-        return None
 
     @torch.no_grad()
     def update_center(self, teacher: torch.Tensor) -> None:

@@ -26,13 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.dino_loss import (
+    TeacherCollapseMonitor,
     cross_crop_entropy,
     ema_towards_global_mean_,
     without_stochastic_depth,
 )
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
-from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
 from ssl_engine.utils.classy import register_loss
 
 
@@ -49,14 +49,13 @@ def warmup_value(start: float, end: float, warmup_epochs: int, epoch: int) -> fl
 
 
 @register_loss("ibot_loss")
-class IBOTLoss(MomentumTargetLoss):
+class IBOTLoss(TeacherCollapseMonitor, MomentumTargetLoss):
     """VISSL's ``ibot_loss`` keys; ``out_dim``, ``patch_out_dim``, ``num_global_crops``,
     ``num_local_crops`` and ``num_epochs`` are filled in from the head, the transforms and the
     optimizer before launch.  The centers are buffers and the teacher is the loss's, so both
     are in every checkpoint."""
 
     batch_coupling = "its centers move after every micro-batch, with that micro-batch's mean"
-    monitor_embedding = False  # the outputs are prototype scores
 
     def __init__(self, teacher_momentum: float = 0.996, warmup_teacher_temp: float = 0.04,
                  teacher_temp: float = 0.04, warmup_teacher_patch_temp: float = 0.04,
@@ -159,22 +158,3 @@ class IBOTLoss(MomentumTargetLoss):
                                      self.center_momentum2)
         self._statistics(targets.detach())
         return total_of(self, {"cls": self.lambda1 * cls_loss, "patch": self.lambda2 * patch_loss})
-
-    # ------------------------------------------------------------------ collapse monitor
-    @torch.no_grad()
-    def _statistics(self, targets: torch.Tensor) -> None:
-        self._last_statistics = {
-            "teacher_entropy": entropy_fraction(targets),
-            "teacher_mean_entropy": entropy_fraction(targets.mean(dim=0, keepdim=True)),
-        }
-
-    def collapse_statistics(self):
-        return self._last_statistics
-
-    @staticmethod
-    def collapse_warning(statistics) -> Optional[str]:
-        uniform = statistics.get("teacher_entropy")
-        if uniform is not None and float(uniform) > COLLAPSED_ENTROPY:
-            return (f"the teacher's class distributions are uniform (entropy {float(uniform):.3f}"
-                    " of log K)")
-        return None
