@@ -4,6 +4,8 @@ import importlib.util
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,12 +36,7 @@ def logger_levels():
             if name.startswith("ssl_engine")}
 
 
-def run_script(tmp_path, capsys, *args, tree=TREE):
-    spec = importlib.util.spec_from_file_location(
-        "vissl_config_coverage", REPO / "extra_scripts/vissl_config_coverage.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    root = tmp_path / "config"
+def write_tree(root: Path, tree) -> None:
     for name, body in tree.items():
         path = root / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,6 +45,15 @@ def run_script(tmp_path, capsys, *args, tree=TREE):
     (root / "detection/d2.yaml").write_text("_BASE_: base.yaml\nMODEL: {WEIGHTS: x.pkl}\n")
     (root / "dataset_catalog.json").write_text(json.dumps(
         {"my_folder": {"train": ["/nowhere/train", ""], "val": ["/nowhere/val", ""]}}))
+
+
+def run_script(tmp_path, capsys, *args, tree=TREE):
+    spec = importlib.util.spec_from_file_location(
+        "vissl_config_coverage", REPO / "extra_scripts/vissl_config_coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = tmp_path / "config"
+    write_tree(root, tree)
     before = {var: os.environ.get(var) for var in module.ENV_SET}
     levels = logger_levels()
     assert module.main([str(root), "--top", "20", *args]) == 0
@@ -126,7 +132,17 @@ def test_run_trains_the_sample_and_groups_failures(tmp_path, capsys):
     """--run 2: both accepted files run (2 GPU nodes' settings, a catalog dataset and 100
     epochs become one CPU process on synthetic data for 2 iterations); the one whose head and
     loss disagree fails with the loss's message as its reason."""
-    _, out = run_script(tmp_path, capsys, "--run", "2", "--run-memory-gb", "0", tree=RUN_TREE)
+    # from a fresh interpreter, as a user runs it: --run forks its runs from the script's
+    # process, and a process whose torch already ran parallel work (this test process, after
+    # other tests) cannot fork safely (OpenMP's thread pool does not survive a fork)
+    root = tmp_path / "config"
+    write_tree(root, RUN_TREE)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "extra_scripts/vissl_config_coverage.py"), str(root),
+         "--top", "20", "--run", "2", "--run-memory-gb", "0"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
     assert "compose and validate: 2" in out
     assert "ran 2 configs for real" in out and "1 ran, 1 failed (1 reasons)" in out
     assert "ran, by engine: train 1" in out
