@@ -77,6 +77,26 @@ def final_weights(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
     return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in model[part].items()}
 
 
+def loss_state(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
+    return load_checkpoint(Path(checkpoint_dir) / "checkpoint.torch")["classy_state_dict"]["loss"]
+
+
+def assert_trains_like_one_process(checkpoint_dir: Path, losses: Dict[int, float],
+                                   weights: Dict[str, torch.Tensor]) -> None:
+    """A two-process run's step losses and final weights against one process's (``losses``,
+    ``weights``) on the same global batch: the losses to 1e-4 (the gradients of the first
+    update were the same), the weights after the later updates to 1e-3 (batch statistics of a
+    few samples amplify the rounding differences of the two summation orders, ~2e-4 measured
+    with BYOL)."""
+    two = step_losses(checkpoint_dir)
+    for iteration in losses:
+        assert two[iteration] == pytest.approx(losses[iteration], rel=1e-4, abs=1e-5)
+    two_weights = final_weights(checkpoint_dir)
+    for name in weights:
+        torch.testing.assert_close(two_weights[name], weights[name], rtol=1e-3, atol=1e-3,
+                                   msg=name)
+
+
 def metrics(checkpoint_dir: Path) -> List[dict]:
     lines = (Path(checkpoint_dir) / "metrics.json").read_text().splitlines()
     return [json.loads(line) for line in lines]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lightly.loss.dino_loss import DINOLoss as LightlyDINOLoss
 from lightly.loss.swav_loss import sinkhorn
 
-from engine_utils import final_weights, run_engine, step_losses
+from engine_utils import assert_trains_like_one_process, final_weights, run_engine, step_losses
 from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.config.teacher import teacher_model_config
@@ -224,10 +224,4 @@ def test_swav_distillation_trains_resumes_exactly_and_scales_to_two_processes(tm
     run_engine(tmp_path / "two", ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
                                   "config.DISTRIBUTED.NUM_PROC_PER_NODE=2", *common],
                config=CONFIG)
-    two = step_losses(tmp_path / "two")
-    for iteration in losses:
-        assert two[iteration] == pytest.approx(losses[iteration], rel=1e-4, abs=1e-5)
-    two_weights = final_weights(tmp_path / "two")
-    for name in straight:
-        torch.testing.assert_close(two_weights[name], straight[name], rtol=1e-3, atol=1e-3,
-                                   msg=name)
+    assert_trains_like_one_process(tmp_path / "two", losses, straight)

@@ -5,17 +5,20 @@ process with the whole batch (the iBOT centers averaged over ranks)."""
 import pytest
 import torch
 
-from engine_utils import crash_hooks_at, final_weights, metrics, run_engine, step_losses
-from ssl_engine.checkpoint import load_checkpoint
+from engine_utils import (
+    assert_trains_like_one_process,
+    crash_hooks_at,
+    final_weights,
+    loss_state,
+    metrics,
+    run_engine,
+    step_losses,
+)
 
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
           "config.LOG_FREQUENCY=1", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"]
 TERMS = {"ibot": {"cls", "patch"}, "mae": {"masked_mse"}}
-
-
-def loss_state(checkpoint_dir):
-    return load_checkpoint(checkpoint_dir / "checkpoint.torch")["classy_state_dict"]["loss"]
 
 
 @pytest.mark.parametrize("method", ["ibot", "mae"])
@@ -49,13 +52,7 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
     run_engine(tmp_path / "two", ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
                                   "config.DISTRIBUTED.NUM_PROC_PER_NODE=2", *COMMON],
                config=config)
-    two = step_losses(tmp_path / "two")
-    for iteration in losses:
-        assert two[iteration] == pytest.approx(losses[iteration], rel=1e-4, abs=1e-5)
-    two_weights = final_weights(tmp_path / "two")
-    for name in straight:
-        torch.testing.assert_close(two_weights[name], straight[name], rtol=1e-3, atol=1e-3,
-                                   msg=name)
+    assert_trains_like_one_process(tmp_path / "two", losses, straight)
     two_loss = loss_state(tmp_path / "two")
     for name in straight_loss:
         torch.testing.assert_close(two_loss[name], straight_loss[name], rtol=1e-3, atol=1e-3,
