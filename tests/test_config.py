@@ -181,7 +181,7 @@ def test_multi_processing_method_is_checked_and_logged_when_not_the_default(capl
     _, cfg = compose_config([QUICK, "config.MULTI_PROCESSING_METHOD=fork"])
     with caplog.at_level("INFO", logger="ssl_engine.config.derive"):
         derive_settings(cfg)
-    assert "config.MULTI_PROCESSING_METHOD=fork: the engine starts its processes with spawn" \
+    assert "config.MULTI_PROCESSING_METHOD=fork: the engine starts its processes with forkserver" \
         in caplog.text
     _, cfg = compose_config([QUICK, "config.MULTI_PROCESSING_METHOD=threads"])
     with pytest.raises(ConfigError, match="MULTI_PROCESSING_METHOD='threads' is not one of"):

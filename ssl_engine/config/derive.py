@@ -54,9 +54,10 @@ def _check_choices(cfg: AttrDict) -> None:
     if method not in ("fork", "forkserver", "spawn"):
         raise ConfigError(f"config.MULTI_PROCESSING_METHOD={method!r} is not one of fork, "
                           "forkserver, spawn")
-    if method != "forkserver":  # VISSL's default, the one most configs keep
-        logger.info("config.MULTI_PROCESSING_METHOD=%s: the engine starts its processes with "
-                    "spawn whatever this says (results do not depend on it)", method)
+    if method == "fork":
+        logger.info("config.MULTI_PROCESSING_METHOD=fork: the engine starts its processes with "
+                    "forkserver instead (forking a process whose torch ran parallel work is not "
+                    "safe); results do not depend on it")
     workers = cfg.DATA.NUM_DATALOADER_WORKERS
     if workers != "auto" and (not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"config.DATA.NUM_DATALOADER_WORKERS must be auto or an integer >= 0, "

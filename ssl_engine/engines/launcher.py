@@ -36,6 +36,10 @@ from ssl_engine.utils.stop_request import (RunStopped, launcher_stop_signals, si
 logger = logging.getLogger(__name__)
 
 SPAWN_GRACE_S = 10.0
+# what a forkserver imports once, so that the processes forked from it start with the engine
+# loaded (the server is started by the first launch and serves every later launch of this
+# process, e.g. a notebook's or a test session's runs)
+FORKSERVER_PRELOAD = ["ssl_engine.engines.launcher"]
 
 
 def find_free_port() -> int:
@@ -101,9 +105,27 @@ def _signals_of(engine, shared_stop=None):
     return stop_signals(shared_stop) if engine.stops_on_signal else contextlib.nullcontext()
 
 
+def _parent_state() -> dict:
+    """What a started process takes from the launcher at the time of the launch: its
+    environment (plugins, torch.distributed's and the user's variables), working folder and
+    import path. A spawned process inherits them anyway; one forked from the forkserver would
+    otherwise have the forkserver's, from the time the server was started."""
+    return {"environ": dict(os.environ), "cwd": os.getcwd(), "sys_path": list(sys.path)}
+
+
+def _take_parent_state(state: dict) -> None:
+    os.environ.clear()
+    os.environ.update(state["environ"])
+    os.chdir(state["cwd"])
+    sys.path[:] = state["sys_path"]
+
+
 def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
                  checkpoint_path: Optional[str], hook_generator,
-                 error_dir: Optional[str] = None, shared_stop=None) -> None:
+                 error_dir: Optional[str] = None, shared_stop=None,
+                 parent_state: Optional[dict] = None) -> None:
+    if parent_state is not None:
+        _take_parent_state(parent_state)
     import_plugins()
     engine = get_engine(engine_name)
     kwargs = {"checkpoint_path": checkpoint_path}
@@ -167,6 +189,15 @@ def _abort_at_once(context):
     return abort
 
 
+def start_method(cfg: AttrDict) -> str:
+    """How the processes of a node are started: config.MULTI_PROCESSING_METHOD, forkserver
+    (VISSL's default) or spawn. ``fork`` is read as forkserver: a process whose torch has run
+    parallel work cannot be forked safely (its thread pools do not survive the fork), and a
+    forkserver forks from a clean process that only imported the engine."""
+    return "spawn" if cfg.get("MULTI_PROCESSING_METHOD", "forkserver") == "spawn" \
+        else "forkserver"
+
+
 def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
            checkpoint_path: Optional[str], hook_generator) -> None:
     """``nproc`` processes; when one fails on an error a user caused, RankUserError with its
@@ -175,14 +206,16 @@ def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
     what their data-loader workers hold) before they are terminated. A SIGTERM / SIGINT to
     this process is passed to them (a value they share) when the engine stops on signals:
     they stop cleanly and RunStopped is raised here."""
-    spawn = mp.get_context("spawn")
-    shared_stop = spawn.RawValue("i", 0)  # the signal that asked the processes to stop
+    method = start_method(cfg)
+    if method == "forkserver":
+        mp.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the server runs
+    shared_stop = mp.get_context(method).RawValue("i", 0)  # the signal that stopped the run
     with _report_folder(cfg) as error_dir:
         try:
             context = mp.start_processes(
                 _run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator,
-                                    error_dir, shared_stop),
-                nprocs=nproc, join=False, start_method="spawn")
+                                    error_dir, shared_stop, _parent_state()),
+                nprocs=nproc, join=False, start_method=method)
             signals = launcher_stop_signals(shared_stop, _abort_at_once(context)) \
                 if get_engine(engine_name).stops_on_signal else contextlib.nullcontext()
             with signals:
