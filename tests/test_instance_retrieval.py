@@ -219,3 +219,19 @@ def test_tool_on_a_tiny_copydays_dataset(tmp_path, capsys, one_thread):
                                                                       "10": 100.0},
                                               "queries": 3}}
     assert "cdays original: mAP 100.00" in capsys.readouterr().out
+
+
+def test_tool_refusals_are_one_line(tmp_path, capsys):
+    (tmp_path / "data/Paris").mkdir(parents=True)  # images only: no queries to score
+    base = [CONFIG, *MODEL, f"config.CHECKPOINT.DIR={tmp_path / 'out'}",
+            "config.IMG_RETRIEVAL.FEATS_PROCESSING_TYPE=gem"]
+    tool = _tool()
+    assert tool.main([*base, f"config.IMG_RETRIEVAL.DATASET_PATH={tmp_path / 'none'}"]) == 2
+    assert "no folder" in capsys.readouterr().err
+    assert tool.main([*base, f"config.IMG_RETRIEVAL.DATASET_PATH={tmp_path / 'data'}"]) == 2
+    assert "original Oxford/Paris protocol" in capsys.readouterr().err
+    assert tool.main([*base, "config.IMG_RETRIEVAL.EVAL_BINARY_PATH=/bin/compute_ap"]) == 2
+    assert "compute_ap program" in capsys.readouterr().err
+    assert tool.main([*base, f"config.IMG_RETRIEVAL.DATASET_PATH={tmp_path}",
+                      "config.IMG_RETRIEVAL.FEATS_PROCESSING_TYPE=mac"]) == 2
+    assert "use rmac, gem or ''" in capsys.readouterr().err
