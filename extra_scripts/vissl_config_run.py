@@ -20,8 +20,7 @@ the synthetic source (``synthetic_data``), and runs the config's engine in one C
   both splits extracted, then the k-NN classification (tools/nearest_neighbor_test.py), the
   SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression (tools/low_shot_test.py) or the
   clustering into at most 2 clusters (tools/cluster_features_and_label.py), or the instance
-  retrieval (tools/instance_retrieval_test.py) on tiny datasets written for it
-  (``tiny_retrieval_data``).
+  retrieval (tools/instance_retrieval_test.py) on tiny datasets (``tiny_retrieval_data``).
 
 A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
 
@@ -150,9 +149,7 @@ def tool_of(name: str, hydra_args, cfg):
     one), the low-shot benchmark (a limited TRAIN split in a low_shot_transfer folder),
     ClusterFit's clustering (cluster_features_* files), instance retrieval (images named by
     IMG_RETRIEVAL.DATASET_PATH)."""
-    import vissl_config_coverage as coverage
-
-    if coverage.retrieval_config(cfg):
+    if cfg.IMG_RETRIEVAL.DATASET_PATH:  # coverage.retrieval_config
         return "instance_retrieval_test"
     parts = Path(name).parts
     if "nearest_neighbor" in parts:
@@ -167,12 +164,10 @@ def tool_of(name: str, hydra_args, cfg):
 
 
 def tiny_retrieval_data(cfg, folder: str) -> None:
-    """Point IMG_RETRIEVAL at tiny datasets written into ``folder``: 8 random 48 x 64 images
-    per dataset; the evaluated one in Copydays' layout (its name holds "copydays": 2 queries
-    copied from the database) or the Revisited Oxford/Paris one (2 queries, a gnd pickle),
-    the train one as a plain folder of images. Images at 64 pixels, N_PCA at most 8."""
+    """Point IMG_RETRIEVAL at tiny datasets in ``folder`` (random 48 x 64 images, RESIZE_IMG 64,
+    N_PCA <= 8): the evaluated one in Copydays' layout (a name holding "copydays") or Revisited
+    Oxford/Paris' (a gnd pickle), 2 queries, 8 database images; the train one 8 images."""
     import pickle
-
     import numpy as np
     from PIL import Image
 
@@ -188,11 +183,10 @@ def tiny_retrieval_data(cfg, folder: str) -> None:
 
     evaluated = root / r.EVAL_DATASET_NAME
     if "copydays" in r.EVAL_DATASET_NAME.lower():
-        images(evaluated / "database", [f"20{i:02d}00" for i in range(8)])
+        groups = [f"20{i:02d}00" for i in range(8)]
+        images(evaluated / "database", groups)
+        images(evaluated / "database_and_distractors", groups + ["distractor_0"])
         images(evaluated / "queries", ["original_200000", "strong_200101"])
-        (evaluated / "database_and_distractors").mkdir(exist_ok=True)
-        for path in (evaluated / "database").iterdir():
-            (evaluated / "database_and_distractors" / path.name).write_bytes(path.read_bytes())
     else:
         images(evaluated / "jpg", [f"db{i}" for i in range(8)] + ["q0", "q1"])
         gnd = [{"easy": [0], "hard": [1], "junk": [2], "bbx": [0.0, 0.0, 32.0, 24.0]},
@@ -201,9 +195,7 @@ def tiny_retrieval_data(cfg, folder: str) -> None:
             {"imlist": [f"db{i}" for i in range(8)], "qimlist": ["q0", "q1"], "gnd": gnd}))
     if not (root / r.TRAIN_DATASET_NAME).exists():
         images(root / r.TRAIN_DATASET_NAME, [f"train{i}" for i in range(8)])
-    r.DATASET_PATH = str(root)
-    r.RESIZE_IMG = 64
-    r.N_PCA = min(r.N_PCA, 8)
+    r.DATASET_PATH, r.RESIZE_IMG, r.N_PCA = str(root), 64, min(r.N_PCA, 8)
 
 
 def run_tool(tool: str, cfg) -> None:
