@@ -11,9 +11,12 @@ VISSL settings (ssl_engine/config/unsupported.py), derived settings and combinat
 names of the components it asks for (trunk, heads, loss, meters, collators, data sources,
 transforms, task, train step) against the engine's registries, the trunk's settings and the
 task's own checks: what the launcher refuses from the config alone
-(``check_config_before_launch``). Data paths are not opened (no data is needed).
+(``check_config_before_launch``). Data paths are not opened (no data is needed). A file whose
+images come from IMG_RETRIEVAL.DATASET_PATH is checked as tools/instance_retrieval_test.py
+checks it (``check_retrieval_config``: its DATA may name nothing).
 
-Pairing: a file that names no data (no DATA_SOURCES or DATASET_NAMES for TRAIN or TEST), or that
+Pairing: a file that names no data (no DATA_SOURCES or DATASET_NAMES for TRAIN or TEST, and no
+IMG_RETRIEVAL.DATASET_PATH, where the instance-retrieval tool reads its images), or that
 sits in a folder whose name ends with "dataset(s)" (a data setting such as
 semi_sup_datasets/...), is a fragment that VISSL's docs add to a base config with ``config=<base> +config/<folder>=<file>``
 (a model, transforms, optimizer or head setting). It is composed over the first base file (by
@@ -77,10 +80,19 @@ def _load(path: Path):
 
 def _names_data(data) -> bool:
     cfg = data.get("config") if isinstance(data, dict) else None
+    if retrieval_config(cfg):
+        return True
     splits = ((cfg or {}).get("DATA") or {}) if isinstance(cfg, dict) else {}
     return any(isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
                                                       or splits[split].get("DATASET_NAMES"))
                for split in ("TRAIN", "TEST"))
+
+
+def retrieval_config(cfg) -> bool:
+    """Whether the ``config`` section names its images by IMG_RETRIEVAL.DATASET_PATH: a file
+    VISSL runs with tools/instance_retrieval_test.py, whose DATA names nothing."""
+    section = cfg.get("IMG_RETRIEVAL") if isinstance(cfg, dict) else None
+    return isinstance(section, dict) and bool(section.get("DATASET_PATH"))
 
 
 def config_names(root: Path):
@@ -193,6 +205,20 @@ def check_names(engine_name: str, cfg) -> None:
     check_config_before_launch(engine_name, cfg)
 
 
+def check_file(engine_name: str, cfg) -> None:
+    """Derived settings and ``check_names``; a retrieval config (``retrieval_config``) is
+    checked as tools/instance_retrieval_test.py checks it instead (its DATA may be empty)."""
+    from ssl_engine.config.derive import derive_settings
+
+    if retrieval_config(cfg):
+        from ssl_engine.engines.instance_retrieval import check_retrieval_config
+
+        check_retrieval_config(cfg)
+        return
+    derive_settings(cfg)
+    check_names(engine_name, cfg)
+
+
 def reason_of(message: str) -> str:
     """Group a refusal: the unsupported key (or name), the unknown key, or the kind of error."""
     patterns = [
@@ -255,7 +281,6 @@ def measure(args) -> int:
     """Compose and check every file of ``args.tree``; print the table."""
     from ssl_engine.config import AttrDict, ConfigError, compose_config
     from ssl_engine.config.compose import load_defaults
-    from ssl_engine.config.derive import derive_settings
     from ssl_engine.config.validate import validate_config
 
     root = Path(args.tree).resolve()
@@ -291,8 +316,7 @@ def measure(args) -> int:
                     validate_config(composed, schema)
                     engine_name = composed.get("engine_name", "train")
                     cfg = AttrDict(composed["config"])
-                derive_settings(cfg)
-                check_names(engine_name, cfg)
+                check_file(engine_name, cfg)
                 accepted.append((name, hydra_args))
             except (ConfigError, KeyError, TypeError, ValueError) as err:
                 text = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"

@@ -19,7 +19,8 @@ the synthetic source (``synthetic_data``), and runs the config's engine in one C
 - the files VISSL runs with a tool of its own (``tool_of``): that tool's way, the features of
   both splits extracted, then the k-NN classification (tools/nearest_neighbor_test.py), the
   SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression (tools/low_shot_test.py) or the
-  clustering into at most 2 clusters (tools/cluster_features_and_label.py).
+  clustering into at most 2 clusters (tools/cluster_features_and_label.py), or the instance
+  retrieval (tools/instance_retrieval_test.py) on tiny datasets (``tiny_retrieval_data``).
 
 A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
 
@@ -146,7 +147,10 @@ def tool_of(name: str, hydra_args, cfg):
     """The tool VISSL runs the file with, when it is not run_distributed_engines.py: the k-NN
     benchmark (a nearest_neighbor folder), the SVM benchmark (a *_svm file, or a fragment over
     one), the low-shot benchmark (a limited TRAIN split in a low_shot_transfer folder),
-    ClusterFit's clustering (cluster_features_* files)."""
+    ClusterFit's clustering (cluster_features_* files), instance retrieval (images named by
+    IMG_RETRIEVAL.DATASET_PATH)."""
+    if cfg.IMG_RETRIEVAL.DATASET_PATH:  # coverage.retrieval_config
+        return "instance_retrieval_test"
     parts = Path(name).parts
     if "nearest_neighbor" in parts:
         return "nearest_neighbor_test"
@@ -159,7 +163,48 @@ def tool_of(name: str, hydra_args, cfg):
     return None
 
 
+def tiny_retrieval_data(cfg, folder: str) -> None:
+    """Point IMG_RETRIEVAL at tiny datasets in ``folder`` (random 48 x 64 images, RESIZE_IMG 64,
+    N_PCA <= 8): the evaluated one in Copydays' layout (a name holding "copydays") or Revisited
+    Oxford/Paris' (a gnd pickle), 2 queries, 8 database images; the train one 8 images."""
+    import pickle
+    import numpy as np
+    from PIL import Image
+
+    r = cfg.IMG_RETRIEVAL
+    root = Path(folder) / "retrieval"
+    rng = np.random.default_rng(0)
+
+    def images(where: Path, names) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
+                where / f"{name}.jpg")
+
+    evaluated = root / r.EVAL_DATASET_NAME
+    if "copydays" in r.EVAL_DATASET_NAME.lower():
+        groups = [f"20{i:02d}00" for i in range(8)]
+        images(evaluated / "database", groups)
+        images(evaluated / "database_and_distractors", groups + ["distractor_0"])
+        images(evaluated / "queries", ["original_200000", "strong_200101"])
+    else:
+        images(evaluated / "jpg", [f"db{i}" for i in range(8)] + ["q0", "q1"])
+        gnd = [{"easy": [0], "hard": [1], "junk": [2], "bbx": [0.0, 0.0, 32.0, 24.0]},
+               {"easy": [3, 4], "hard": [], "junk": [], "bbx": [0.0, 0.0, 64.0, 48.0]}]
+        (evaluated / f"gnd_{evaluated.name}.pkl").write_bytes(pickle.dumps(
+            {"imlist": [f"db{i}" for i in range(8)], "qimlist": ["q0", "q1"], "gnd": gnd}))
+    if not (root / r.TRAIN_DATASET_NAME).exists():
+        images(root / r.TRAIN_DATASET_NAME, [f"train{i}" for i in range(8)])
+    r.DATASET_PATH, r.RESIZE_IMG, r.N_PCA = str(root), 64, min(r.N_PCA, 8)
+
+
 def run_tool(tool: str, cfg) -> None:
+    if tool == "instance_retrieval_test":
+        from ssl_engine.engines.instance_retrieval import run_retrieval
+
+        tiny_retrieval_data(cfg, cfg.CHECKPOINT.DIR)
+        run_retrieval(cfg)
+        return
     if tool == "nearest_neighbor_test":
         run_knn_tool(cfg)
         return
@@ -184,6 +229,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
     from ssl_engine.config.compose import load_defaults
     from ssl_engine.config.derive import derive_settings
     from ssl_engine.config.validate import validate_config
+    from ssl_engine.engines.instance_retrieval import check_retrieval_config
     from ssl_engine.engines.launcher import launch_distributed
     from ssl_engine.engines.prelaunch import check_before_launch
     from ssl_engine.hooks import SSLHook
@@ -218,9 +264,12 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
         validate_config(composed, schema)
         engine_name = composed.get("engine_name", "train")
         cfg = AttrDict(composed["config"])
-        derive_settings(cfg)
         tool = tool_of(name, hydra_args, cfg)
-        check_before_launch("extract_features" if tool else engine_name, cfg)
+        if tool == "instance_retrieval_test":
+            check_retrieval_config(cfg)
+        else:
+            derive_settings(cfg)
+            check_before_launch("extract_features" if tool else engine_name, cfg)
         check_size(cfg, memory_gb)
         if tool:
             engine_name = f"tools/{tool}.py"

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 
 DATA = """  DATA:
@@ -22,7 +24,7 @@ TREE = {
     "bench/b_catalog": DATA.format(source="disk_folder", name="my_folder"),
     "bench/c_not_in_catalog": DATA.format(source="disk_folder", name="in_no_catalog"),
     "bench/d_unsupported": DATA.format(source="synthetic", name="x")
-    + "  IMG_RETRIEVAL: {TRAIN_DATASET_NAME: Paris}\n",
+    + "  CHECKPOINT: {BACKEND: manifold}\n",
     # fragments: composed over bench/a_synthetic
     "bench/models/resnet101": "  MODEL: {TRUNK: {NAME: resnet, RESNETS: {DEPTH: 101}}}\n",
     "bench/models_fine/mnv3": "  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}\n",
@@ -76,7 +78,7 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     lines = [line.strip() for line in out.splitlines()]
     assert "1  config.MODEL.TRUNK.NAME=mobilenetv3_timm  [bench/models_fine/mnv3]" in lines
     assert "1  unknown key config.MODEL.TRUNK.RESNET  [bench/models/typo]" in lines
-    assert any(line.startswith("1  unsupported config.IMG_RETRIEVAL.TRAIN_DATASET_NAME")
+    assert any(line.startswith("1  unsupported config.CHECKPOINT.BACKEND")
                for line in lines)
     assert any(line.startswith("1  config.DATA.TRAIN.DATASET_NAMES[N]='in_no_catalog' is not in")
                for line in lines)
@@ -88,6 +90,36 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     assert pairs["bench/semi_sup_datasets/per01"] == ["config=bench/a_synthetic",
                                                       "+config/bench/semi_sup_datasets=per01"]
     assert pairs["bench/b_catalog"] == ["config=bench/b_catalog"]
+
+
+RETRIEVAL = """  MODEL:
+    TRUNK: {{NAME: resnet, RESNETS: {{DEPTH: 50}}}}
+    FEATURE_EVAL_SETTINGS:
+      EVAL_MODE_ON: true
+      EXTRACT_TRUNK_FEATURES_ONLY: true
+      SHOULD_FLATTEN_FEATS: false
+      LINEAR_EVAL_FEAT_POOL_OPS_MAP: [[res5, [Identity, []]]]
+  IMG_RETRIEVAL: {{DATASET_PATH: <enter dataset path>, FEATS_PROCESSING_TYPE: {kind}}}
+"""
+
+
+def test_retrieval_configs_are_checked_as_the_retrieval_tool_checks_them(tmp_path, capsys):
+    # no DATA: the images come from IMG_RETRIEVAL.DATASET_PATH, so the files are bases of the
+    # model fragments beside them, and a DATA section is not asked for
+    tree = {"retr/a_eval_rmac": RETRIEVAL.format(kind="rmac"),
+            "retr/b_eval_bad": RETRIEVAL.format(kind="mac"),
+            "retr/models/resnet101": "  MODEL: {TRUNK: {RESNETS: {DEPTH: 101}}}\n",
+            "retr/no_data": "  MODEL: {TRUNK: {NAME: resnet}}\n"}
+    module, out = run_script(tmp_path, capsys, tree=tree)
+    assert "compose and validate: 2" in out  # a_eval_rmac, and models/resnet101 over it
+    lines = [line.strip() for line in out.splitlines()]
+    assert any("FEATS_PROCESSING_TYPE='mac': use rmac, gem" in line and "b_eval_bad" in line
+               for line in lines)
+    assert any("DATA.TRAIN.DATA_SOURCES is empty" in line and "retr/no_data" in line
+               for line in lines)
+    pairs = dict(module.config_names(tmp_path / "config")[0])
+    assert pairs["retr/models/resnet101"] == ["config=retr/a_eval_rmac",
+                                              "+config/retr/models=resnet101"]
 
 
 def test_any_dataset_adds_placeholders_for_names_the_catalog_lacks(tmp_path, capsys):
@@ -165,3 +197,44 @@ def test_run_sample_is_even_over_folders_and_seeded():
     assert picked == [name for name, _ in module.pick(names, 7, seed=1)]
     assert picked != [name for name, _ in module.pick(names, 7, seed=2)]
     assert len(module.pick(names, 100, seed=0)) == 14
+
+
+def test_run_evaluates_a_retrieval_config_on_tiny_written_datasets(tmp_path, monkeypatch):
+    """--run's way with a retrieval config (vissl_config_run.run_one's steps, in this process):
+    the retrieval tool is chosen, tiny Revisited-Oxford-like datasets are written for it, and
+    it scores them."""
+    import torch
+
+    import ssl_engine.engines.instance_retrieval as engine
+    from ssl_engine.config import AttrDict
+    from ssl_engine.config.compose import load_defaults
+    from ssl_engine.config.validate import validate_config
+
+    root = tmp_path / "config"
+    tiny = RETRIEVAL.format(kind="gem").replace(
+        "RESNETS: {DEPTH: 50}", "RESNETS: {DEPTH: 18, WIDTH_MULTIPLIER: 0.125}")
+    write_tree(root, {"retr/eval_roxford": tiny.replace(
+        "FEATS_PROCESSING_TYPE: gem", "FEATS_PROCESSING_TYPE: gem, EVAL_DATASET_NAME: rox")})
+    name = "retr/eval_roxford"
+    sys.path.insert(0, str(REPO / "extra_scripts"))
+    try:
+        import vissl_config_coverage as coverage
+        import vissl_config_run as run
+    finally:
+        sys.path.remove(str(REPO / "extra_scripts"))
+    schema = load_defaults()
+    schema.pop("defaults", None)
+    composed = coverage.compose_fast(root, [f"config={name}"], schema)
+    run.synthetic_data(composed["config"], 2, str(tmp_path / "out"))
+    validate_config(composed, schema)
+    cfg = AttrDict(composed["config"])
+    assert run.tool_of(name, [f"config={name}"], cfg) == "instance_retrieval_test"
+    engine.check_retrieval_config(cfg)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(engine, "configure_threads", lambda cfg: torch.set_num_threads(1))
+    try:
+        run.run_tool("instance_retrieval_test", cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert cfg.IMG_RETRIEVAL.DATASET_PATH == str(tmp_path / "out" / "retrieval")
+    assert np.load(tmp_path / "out" / "retrieval_rankings.npy").shape == (2, 8)

@@ -116,12 +116,12 @@ def _derive_device_and_backend(cfg: AttrDict) -> None:
         cfg.DISTRIBUTED.BACKEND = "gloo"
 
 
-def _check_phases(cfg: AttrDict) -> None:
+def _check_phases(cfg: AttrDict, reads_data: bool = True) -> None:
     if cfg.TEST_ONLY and not cfg.TEST_MODEL:
         raise ConfigError("config.TEST_ONLY=true needs config.TEST_MODEL=true")
-    if not cfg.TEST_ONLY and not cfg.DATA.TRAIN.DATA_SOURCES:
+    if reads_data and not cfg.TEST_ONLY and not cfg.DATA.TRAIN.DATA_SOURCES:
         raise ConfigError("config.DATA.TRAIN.DATA_SOURCES is empty: name at least one data source")
-    if cfg.TEST_MODEL and not cfg.DATA.TEST.DATA_SOURCES:
+    if reads_data and cfg.TEST_MODEL and not cfg.DATA.TEST.DATA_SOURCES:
         raise ConfigError(
             "config.TEST_MODEL=true but config.DATA.TEST.DATA_SOURCES is empty; "
             "name a test data source or set config.TEST_MODEL=false"
@@ -260,13 +260,15 @@ def _check_ema_model(cfg: AttrDict) -> None:
                           "phases with the average: it needs config.TEST_MODEL=true")
 
 
-def derive_settings(cfg: AttrDict) -> AttrDict:
-    """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations."""
+def derive_settings(cfg: AttrDict, reads_data: bool = True) -> AttrDict:
+    """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations.
+    ``reads_data=False``: the config's images come from elsewhere (tools/instance_retrieval_test.py
+    reads IMG_RETRIEVAL.DATASET_PATH), so DATA's splits may name no source."""
     _check_choices(cfg)
     _derive_device_and_backend(cfg)
     for split in ("TRAIN", "TEST"):  # DATASET_NAMES -> paths, before the phases are checked
         resolve_dataset_names(cfg, split)
-    _check_phases(cfg)
+    _check_phases(cfg, reads_data)
     _check_ema_model(cfg)
     _derive_loss_settings(cfg)
     derive_masked_modeling(cfg)

@@ -109,7 +109,16 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.SVM.low_shot": "the low-shot SVM benchmark (VISSL's train_svm_low_shot.py) is not "
                            "implemented; tools/train_svm.py trains on every train sample, and "
                            "tools/low_shot_test.py is the low-shot k-NN",
-    "config.IMG_RETRIEVAL.*": _TOOL.format("instance retrieval"),
+    "config.IMG_RETRIEVAL.EVAL_BINARY_PATH": "the original Oxford/Paris protocol (VGG's "
+                                             "compute_ap program) is not implemented; "
+                                             "tools/instance_retrieval_test.py scores the "
+                                             "Revisited Oxford/Paris and Copydays itself",
+    "config.IMG_RETRIEVAL.WHITEN_IMG_LIST": "the whitening is fitted on the images of "
+                                            "IMG_RETRIEVAL.TRAIN_DATASET_NAME; an image list "
+                                            "is not read",
+    "config.IMG_RETRIEVAL.FEATURE_EXTRACTION_DIR": "tools/instance_retrieval_test.py computes "
+                                                   "its features itself; reading them from an "
+                                                   "extraction folder is not implemented",
     "config.LOW_SHOT_BENCHMARK.METHOD": "the low-shot benchmark's svm method is not implemented "
                                         "(tools/low_shot_test.py runs logistic_regression)",
     # CHECKPOINT

@@ -8,3 +8,4 @@ from ssl_engine.engines.registry import ENGINE_REGISTRY, get_engine, register_en
 from ssl_engine.engines import train  # noqa: F401  (registers)
 from ssl_engine.engines import extract_features  # noqa: F401  (registers)
 from ssl_engine.engines import extract_label_predictions  # noqa: F401  (registers)
+from ssl_engine.engines import extract_cluster  # noqa: F401  (registers)

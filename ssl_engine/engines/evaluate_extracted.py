@@ -76,15 +76,16 @@ def run_evaluation_tool(argv: Sequence[str], evaluate: Evaluation) -> int:
     return run_tool(argv, run)
 
 
-def run_tool(argv: Sequence[str], run: Callable[[object], Tuple[Path, Dict[str, object]]]) -> int:
-    """Compose the config of ``argv`` (``config=<group>/<name> [config.A.B=v ...]``), call
-    ``run(cfg)``, which returns ``(folder, record)``, and append ``record`` to
-    ``folder/metrics.json``. A configuration, data or checkpoint error is printed as one line
-    and gives exit status 2; success gives 0."""
+def run_tool(argv: Sequence[str], run: Callable[[object], Tuple[Path, Dict[str, object]]],
+             load: Callable = load_config) -> int:
+    """Compose the config of ``argv`` (``config=<group>/<name> [config.A.B=v ...]``) with
+    ``load`` (default: ``load_config``), call ``run(cfg)``, which returns ``(folder, record)``,
+    and append ``record`` to ``folder/metrics.json``. A configuration, data or checkpoint error
+    is printed as one line and gives exit status 2; success gives 0."""
     setup_logging(None)
     try:
         import_plugins()
-        _, cfg = load_config(list(argv))
+        _, cfg = load(list(argv))
         folder, record = run(cfg)
     except (CheckpointError, ConfigError, ExtractionError, FileNotFoundError,
             NotADirectoryError, RunLockError, UnknownNameError, ValueError) as err:

@@ -7,6 +7,7 @@ whole splits, written to .npy files. Above the trainer (it shares its process se
   temporary files of the ranks and their merge into dataset order; ``errors.py``: the
   errors, each one message for the user;
 - ``label_predictions.py``: top-k classes and softmax scores of the heads, as features;
+- ``cluster_assignments.py``: every image's prototype of a SwAV head (``extract_cluster``);
 - ``one_view.py``: one deterministic view per image (config.EXTRACT_FEATURES);
 - ``files.py``: the output folder's files and index, and loading them (the evaluation tools).
 

@@ -1,7 +1,7 @@
 """FeatureExtractor: the entry point of the extraction workflow in every rank, called by the
-``extract_features`` and ``extract_label_predictions`` engines. It sets the process up as the
-trainer does (``trainer/process.py``: device, threads, host allocator, torch.distributed,
-seeds) and builds only what extraction needs: the frozen model with the weights of
+``extract_features``, ``extract_label_predictions`` and ``extract_cluster`` engines. It sets
+the process up as the trainer does (``trainer/process.py``: device, threads, host allocator,
+torch.distributed, seeds) and builds only what extraction needs: the frozen model with the weights of
 MODEL.WEIGHTS_INIT and the datasets of EXTRACT_FEATURES.SPLITS; no training task."""
 import logging
 from pathlib import Path
@@ -11,6 +11,8 @@ import torch
 
 from ssl_engine.data import build_dataset
 from ssl_engine.extraction import label_predictions as lp
+from ssl_engine.extraction.cluster_assignments import (extract_cluster_assignments,
+                                                       prototype_sets)
 from ssl_engine.extraction.features import check_splits, ensure_writable, extract_features
 from ssl_engine.extraction.files import extraction_dir
 from ssl_engine.extraction.one_view import check_extraction_splits, extraction_config
@@ -54,6 +56,15 @@ class FeatureExtractor:
         cfg, model, datasets, folder = self._setup(lp.prediction_names, "outputs")
         return lp.extract_label_predictions(model.to(self.device), datasets, cfg, self.device,
                                             folder)
+
+    def extract_cluster_assignments(self):
+        """Write every image's highest-scoring prototype of each prototype set of the swav
+        head, with the targets and dataset indices, for every split in
+        EXTRACT_FEATURES.SPLITS; return {split: {set: {kind: path}}}
+        (see ``cluster_assignments.py``)."""
+        cfg, model, datasets, folder = self._setup(prototype_sets, "prototype sets")
+        return extract_cluster_assignments(model.to(self.device), datasets, cfg, self.device,
+                                           folder)
 
     def _setup(self, names_fn: Callable[[torch.nn.Module], List[str]], what: str
                ) -> Tuple[object, torch.nn.Module, Dict[str, object], Path]:
