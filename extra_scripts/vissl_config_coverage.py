@@ -1,6 +1,6 @@
 """How many of VISSL's own config files the engine accepts, and why it refuses the others.
 
-    python extra_scripts/vissl_config_coverage.py [VISSL_CONFIG_TREE] [--top 15] [--hydra]
+    python extra_scripts/vissl_config_coverage.py [VISSL_CONFIG_TREE] [--top 15] [--list] [--hydra]
         [--catalog FILE] [--any-dataset] [--override config.KEY=VALUE ...]
         [--run N [--seed 0] [--run-batch 2] [--run-timeout 600] [--run-memory-gb 10]]
 
@@ -214,6 +214,8 @@ def main(argv=None) -> int:
     parser.add_argument("tree", nargs="?", default=str(REPO.parent / "shared/vissl/configs/config"),
                         help="VISSL's configs/config folder")
     parser.add_argument("--top", type=int, default=15, help="reasons shown")
+    parser.add_argument("--list", action="store_true",
+                        help="also print every refused file with its whole refusal")
     parser.add_argument("--hydra", action="store_true", help="compose through Hydra (slower)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="one more override for every file (string values), e.g. "
@@ -280,7 +282,7 @@ def measure(args) -> int:
     start = time.perf_counter()
     reasons = collections.Counter()
     examples = {}
-    accepted = []
+    accepted, refused = [], []
     try:
         for name, hydra_args in names:
             try:
@@ -299,8 +301,13 @@ def measure(args) -> int:
                 reason = reason_of(text)
                 reasons[reason] += 1
                 examples.setdefault(reason, name)
+                refused.append((name, text))
         print_validation(root, names, foreign, catalog, len(accepted), reasons, examples,
                          args.top, time.perf_counter() - start)
+        if args.list:
+            print("\nrefused files:")
+            for name, text in refused:
+                print(f"  {name}: {text.splitlines()[0] if text else ''}")
         if args.run > 0:
             picked = pick(accepted, args.run, args.seed)
             print(f"\n--run {args.run}: {len(picked)} of the {len(accepted)} accepted files "

@@ -128,6 +128,19 @@ def test_patch_drop_keeps_the_class_token_and_one_seeded_subset_per_call():
         msn_patch_drop({"drop_ratio": 1.0}, 1)
 
 
+def test_patch_drop_with_global_view_tokens_drops_only_the_global_views():
+    # VISSL's global_view_tokens: views with that many patch tokens drop, smaller views keep all
+    drop = msn_patch_drop({"drop_ratio": 0.5, "global_view_tokens": 16, "seed": 3}, 1).train()
+    global_view = torch.randn(2, 17, 4)
+    local_view = torch.randn(2, 5, 4)
+    dropped = drop(global_view)
+    assert dropped.shape == (2, 1 + 8, 4)
+    assert torch.equal(dropped[:, 1:], global_view[:, 1 + drop.kept_positions(16, 0)])
+    assert torch.equal(drop(local_view), local_view)
+    assert int(drop.calls) == 2  # every training forward counts
+    assert torch.equal(drop(global_view)[:, 1:], global_view[:, 1 + drop.kept_positions(16, 2)])
+
+
 def msn_model():
     from ssl_engine.config import compose_config
     from ssl_engine.models import build_model
