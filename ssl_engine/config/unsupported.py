@@ -57,7 +57,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.DATA.*.RANDOM_SYNTHETIC_LABELS": "use DATA.<split>.SYNTHETIC.NUM_CLASSES",
     # METERS
     "config.METERS.enable_training_meter": "meters are computed in every phase",
-    "config.METERS.model_output_mask": "masking the model output to the labels' classes is not implemented",
     # MODEL
     "config.MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
     "config.MODEL.NON_TRAINABLE_PARAMS": "not implemented; use MODEL.TEMP_FROZEN_PARAMS_ITER_MAP "
