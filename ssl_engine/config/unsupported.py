@@ -122,12 +122,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
 
 _NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
-    "config.MODEL.TRUNK.NAME": {
-        "mobilenetv3_timm": f"the mobilenetv3_timm trunk {_NOT_YET} (trunks: resnet, "
-                            "resnet_sk, regnet, efficientnet, vision_transformer, classy_vit, "
-                            "beit, convnext, xcit, convit, swin_transformer, mobilenetv3_tv, "
-                            "alexnet_*)",
-    },
     "config.LOSS.name": {
         **{name: f"the {name} loss {_NOT_YET}" for name in (
             "ibot_distillation_loss", "msn_distillation_loss")},

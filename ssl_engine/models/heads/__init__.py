@@ -5,7 +5,7 @@ from ssl_engine.models.heads.identity import IdentityHead  # noqa: F401  (regist
 from ssl_engine.models.heads.ibot_head import IBOTHead  # noqa: F401  (registers "ibot_head")
 from ssl_engine.models.heads.mae_decoder import MAEDecoder  # noqa: F401  (registers it)
 from ssl_engine.models.heads.mlp import MLP  # noqa: F401  (registers "mlp")
-from ssl_engine.models.heads.mobilenet_v3_head import MobileNetV3Head  # noqa: F401
+from ssl_engine.models.heads.mobilenet_v3_head import MobileNetV3Head, MobileNetV3TimmHead  # noqa: F401
 from ssl_engine.models.heads.msn_head import MSNHead  # noqa: F401  (registers "msn_head")
 from ssl_engine.models.heads.siamese_concat_view import SiameseConcatView  # noqa: F401
 from ssl_engine.models.heads.swav_head import SwAVPrototypesHead  # noqa: F401  (registers it)
