@@ -49,8 +49,7 @@ VISSL_TREE = {
                   None),  # composes; apex itself is refused when the model is built
     "loss/nce": ("  LOSS: {name: nce_loss_with_memory, nce_loss_with_memory: {temperature: 0.07}}",
                  None),
-    "loss/msn_distill": ("  LOSS: {name: msn_distillation_loss}",
-                         "config.LOSS.name=msn_distillation_loss is not supported"),
+    "loss/msn_distill": ("  LOSS: {name: msn_distillation_loss}", None),
     "loss/simclr": ("  LOSS: {simclr_info_nce_loss: {buffer_params: {world_size: 8, "
                     "effective_batch_size: 1024}}}", None),
     "optimizer/head_lr": ("  OPTIMIZER: {head_optimizer_params: {use_different_lr: true}}",

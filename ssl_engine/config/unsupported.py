@@ -78,8 +78,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
     # DISTILLATION: the teacher is built like MODEL, with MODEL's refusals
     "config.DISTILLATION.TEACHER_MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
-    "config.DISTILLATION.TEACHER_MODEL.MULTI_INPUT_HEAD_MAPPING":
-        "heads fed by other sample keys are not implemented",
     "config.DISTILLATION.TEACHER_MODEL.SINGLE_PASS_EVERY_CROP":
         "crops of one size always go through together",
     "config.DISTILLATION.TEACHER_MODEL.FSDP_CONFIG":
@@ -120,11 +118,8 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION": "gradients are reduced by DDP's hooks",
 }
 
-_NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
     "config.LOSS.name": {
-        **{name: f"the {name} loss {_NOT_YET}" for name in (
-            "ibot_distillation_loss", "msn_distillation_loss")},
         "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
                             "for one output)",
     },
