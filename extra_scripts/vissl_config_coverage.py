@@ -13,14 +13,22 @@ transforms, task, train step) against the engine's registries, the trunk's setti
 task's own checks: what the launcher refuses from the config alone
 (``check_config_before_launch``). Data paths are not opened (no data is needed).
 
-Pairing: a file that names no data (no DATA_SOURCES or DATASET_NAMES for TRAIN or TEST), or that
-sits in a folder whose name ends with "dataset(s)" (a data setting such as
-semi_sup_datasets/...), is a fragment that VISSL's docs add to a base config with ``config=<base> +config/<folder>=<file>``
-(a model, transforms, optimizer or head setting). It is composed over the first base file (by
-name) of the nearest folder above it that holds base files, as in VISSL's benchmark instructions
-(e.g. benchmark/fulltune/cifar10/models/resnet50 over benchmark/fulltune/cifar10/<its config>),
-or else after the first file that names data in a ``dataset``/``datasets`` folder beside one of
-the folders above it (fairness/extract_label_predictions/models/... after .../datasets/...).
+Pairing: a base file names data (DATA_SOURCES or DATASET_NAMES) for every split it runs: TRAIN
+unless TEST_ONLY, TEST when TEST_MODEL or TEST_ONLY (VISSL's defaults, as the engine's: TEST_MODEL
+true, TEST_ONLY false), and does not sit in a folder whose name ends with "dataset(s)". Any
+other file is a fragment that VISSL's docs add to a base config with ``config=<base>
++config/<folder>=<file>``: a model, transforms, optimizer or head setting that names no data; a
+data setting (semi_sup_datasets/...); or a file that names the data of one split but runs
+another without data (a jigsaw permutation's or PIRL's transforms with their TRAIN data, meant
+for the method's base file that turns TEST_MODEL off; VISSL's DINO trunk-only extraction
+config, whose TEST split is given by feature_extraction/dataset/...). It is composed over the
+first base file (by name) of the nearest folder above it that holds base files, as in VISSL's
+benchmark instructions (e.g. benchmark/fulltune/cifar10/models/resnet50 over
+benchmark/fulltune/cifar10/<its config>, feature_extraction/trunk_only/rn50_layers over
+feature_extraction/extract_resnet_in1k_8gpu), or else after the first file that names data in
+a ``dataset``/``datasets`` folder inside its own folder or beside one of the folders above it
+(fairness/extract_label_predictions/models/... after .../datasets/...,
+feature_extraction/extract_dino_vit_trunk_only after feature_extraction/dataset/imagenette160).
 Fragments with neither are composed alone. Files that have no ``config:`` section at all are not
 engine configs (detectron2's files for VISSL's object-detection benchmark) and are counted apart.
 
@@ -75,12 +83,23 @@ def _load(path: Path):
         return None
 
 
-def _names_data(data) -> bool:
+def _data_splits(data) -> set:
+    """The splits (TRAIN, TEST) whose data the file names."""
     cfg = data.get("config") if isinstance(data, dict) else None
     splits = ((cfg or {}).get("DATA") or {}) if isinstance(cfg, dict) else {}
-    return any(isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
-                                                      or splits[split].get("DATASET_NAMES"))
-               for split in ("TRAIN", "TEST"))
+    return {split for split in ("TRAIN", "TEST")
+            if isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
+                                                        or splits[split].get("DATASET_NAMES"))}
+
+
+def _run_splits(data) -> set:
+    """The splits the file runs, with VISSL's (and the engine's) defaults TEST_MODEL true and
+    TEST_ONLY false for what it does not set."""
+    cfg = data.get("config") if isinstance(data, dict) else None
+    cfg = cfg if isinstance(cfg, dict) else {}
+    test_only = bool(cfg.get("TEST_ONLY", False))
+    return ({"TEST"} if test_only or cfg.get("TEST_MODEL", True) else set()) | (
+        set() if test_only else {"TRAIN"})
 
 
 def config_names(root: Path):
@@ -94,9 +113,11 @@ def config_names(root: Path):
             foreign.append(str(rel))
             continue
         rels.append(rel)
-        if _names_data(data):
+        named = _data_splits(data)
+        if named:
             with_data.add(rel)
-            if not rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS):
+            if (_run_splits(data) <= named
+                    and not rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)):
                 bases.add(rel)
 
     def first_base(folder: Path, among=bases):
@@ -109,8 +130,8 @@ def config_names(root: Path):
             out.append((str(rel), [f"config={rel}"]))
             continue
         args = []
-        for folder in rel.parents[1:]:
-            base = first_base(folder)
+        for folder in rel.parents:
+            base = first_base(folder) if folder != rel.parent else None  # not a sibling
             if base is not None:
                 args = [f"config={base}"]
                 break
@@ -157,8 +178,10 @@ def compose_fast(root: Path, args, defaults):
         *parents, last = key.split(".")
         node = merged
         for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):  # e.g. an empty "MACHINE:" in the file
+            if node.get(part) is None:  # e.g. an empty "MACHINE:" in a file: Hydra's override
+                node[part] = {}         # (OmegaConf.update) makes the null a new mapping
+            node = node[part]
+            if not isinstance(node, dict):
                 raise ConfigError(f"Could not override '{key}': {part} is not a mapping "
                                   "in the composed config")
         node[last] = value
