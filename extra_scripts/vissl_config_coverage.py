@@ -29,7 +29,10 @@ feature_extraction/extract_resnet_in1k_8gpu), or else after the first file that 
 a ``dataset``/``datasets`` folder inside its own folder or beside one of the folders above it
 (fairness/extract_label_predictions/models/... after .../datasets/...,
 feature_extraction/extract_dino_vit_trunk_only after feature_extraction/dataset/imagenette160).
-Fragments with neither are composed alone. Files that have no ``config:`` section at all are not
+A data file of such a folder with no base above it is composed under the first (by name) of
+the fragments so paired with its folder (fairness/extract_label_predictions/datasets/utk_faces
+under .../models/<the first model>; pretrain/datasets/imagenet under pretrain/seer/models/...).
+Fragments with none of these are composed alone. Files that have no ``config:`` section at all are not
 engine configs (detectron2's files for VISSL's object-detection benchmark) and are counted apart.
 
 Catalog: DATASET_NAMES are looked up in the dataset catalog that VISSL's tree ships
@@ -142,7 +145,25 @@ def config_names(root: Path):
                 args = [f"config={dataset}"]
                 break
         out.append((str(rel), args + [f"+config/{rel.parent}={rel.name}"]))
-    return out, foreign
+    return _pair_lone_data_files(out), foreign
+
+
+def _pair_lone_data_files(out):
+    """A data file of a dataset(s) folder with no base above it goes with the fragment that
+    VISSL's folders pair with that folder (the first by name of those composed after the
+    folder's first data file): its data under that model, as a user runs it."""
+    partner = {}
+    for name, args in out:
+        if len(args) == 2 and args[0].startswith("config="):
+            partner.setdefault(Path(args[0][len("config="):]).parent, (name, args[1]))
+    paired = []
+    for name, args in out:
+        rel = Path(name)
+        lone = len(args) == 1 and rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)
+        if lone and rel.parent in partner:
+            args = [f"config={rel}", partner[rel.parent][1]]
+        paired.append((name, args))
+    return paired
 
 
 def _merge(into: dict, update: dict) -> None:

@@ -79,7 +79,7 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     assert "engine configs:       11" in out
     # a_synthetic, b_catalog (its name found in the tree's catalog, nccl -> gloo on the CPU),
     # models/resnet101, semi_sup_datasets/per01 and perms/p100 over a_synthetic,
-    # extract/trunk_only after extract/dataset/tiny, and tiny (over nothing: no base above it)
+    # extract/trunk_only after extract/dataset/tiny, and tiny (no base above it) under trunk_only
     assert "compose and validate: 7" in out
     assert "refused:              4 (4 reasons)" in out
     lines = [line.strip() for line in out.splitlines()]
@@ -97,6 +97,7 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     assert pairs["bench/perms/p100"] == ["config=bench/a_synthetic", "+config/bench/perms=p100"]
     assert pairs["extract/trunk_only"] == ["config=extract/dataset/tiny",
                                            "+config/extract=trunk_only"]
+    assert pairs["extract/dataset/tiny"] == pairs["extract/trunk_only"]
     assert pairs["bench/semi_sup_datasets/per01"] == ["config=bench/a_synthetic",
                                                       "+config/bench/semi_sup_datasets=per01"]
     assert pairs["bench/b_catalog"] == ["config=bench/b_catalog"]
