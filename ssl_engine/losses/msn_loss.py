@@ -108,6 +108,9 @@ class MSNLoss(MomentumTargetLoss):
             raise ValueError(f"msn_loss: LOSS.msn_loss.output_dim={self.output_dim} but the "
                              f"model's last head has num_prototypes="
                              f"{getattr(head, 'num_prototypes', None)} (msn_head)")
+        if getattr(head, "temperature", None) is not None:
+            raise ValueError("msn_loss: the softmax temperature is LOSS.msn_loss.temperature; "
+                             "leave msn_head's temperature out (it is for a frozen MSN teacher)")
         super().bind_model(model)
         without_stochastic_depth(self.target_network)
         disable_patch_drop(self.target_network)
