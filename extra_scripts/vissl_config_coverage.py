@@ -1,6 +1,6 @@
 """How many of VISSL's own config files the engine accepts, and why it refuses the others.
 
-    python extra_scripts/vissl_config_coverage.py [VISSL_CONFIG_TREE] [--top 15] [--hydra]
+    python extra_scripts/vissl_config_coverage.py [VISSL_CONFIG_TREE] [--top 15] [--list] [--hydra]
         [--catalog FILE] [--any-dataset] [--override config.KEY=VALUE ...]
         [--run N [--seed 0] [--run-batch 2] [--run-timeout 600] [--run-memory-gb 10]]
 
@@ -15,16 +15,27 @@ task's own checks: what the launcher refuses from the config alone
 images come from IMG_RETRIEVAL.DATASET_PATH is checked as tools/instance_retrieval_test.py
 checks it (``check_retrieval_config``: its DATA may name nothing).
 
-Pairing: a file that names no data (no DATA_SOURCES or DATASET_NAMES for TRAIN or TEST, and no
-IMG_RETRIEVAL.DATASET_PATH, where the instance-retrieval tool reads its images), or that
-sits in a folder whose name ends with "dataset(s)" (a data setting such as
-semi_sup_datasets/...), is a fragment that VISSL's docs add to a base config with ``config=<base> +config/<folder>=<file>``
-(a model, transforms, optimizer or head setting). It is composed over the first base file (by
-name) of the nearest folder above it that holds base files, as in VISSL's benchmark instructions
-(e.g. benchmark/fulltune/cifar10/models/resnet50 over benchmark/fulltune/cifar10/<its config>),
-or else after the first file that names data in a ``dataset``/``datasets`` folder beside one of
-the folders above it (fairness/extract_label_predictions/models/... after .../datasets/...).
-Fragments with neither are composed alone. Files that have no ``config:`` section at all are not
+Pairing: a base file names data (DATA_SOURCES or DATASET_NAMES, or IMG_RETRIEVAL.DATASET_PATH,
+where the instance-retrieval tool reads its images) for every split it runs: TRAIN
+unless TEST_ONLY, TEST when TEST_MODEL or TEST_ONLY (VISSL's defaults, as the engine's: TEST_MODEL
+true, TEST_ONLY false), and does not sit in a folder whose name ends with "dataset(s)". Any
+other file is a fragment that VISSL's docs add to a base config with ``config=<base>
++config/<folder>=<file>``: a model, transforms, optimizer or head setting that names no data; a
+data setting (semi_sup_datasets/...); or a file that names the data of one split but runs
+another without data (a jigsaw permutation's or PIRL's transforms with their TRAIN data, meant
+for the method's base file that turns TEST_MODEL off; VISSL's DINO trunk-only extraction
+config, whose TEST split is given by feature_extraction/dataset/...). It is composed over the
+first base file (by name) of the nearest folder above it that holds base files, as in VISSL's
+benchmark instructions (e.g. benchmark/fulltune/cifar10/models/resnet50 over
+benchmark/fulltune/cifar10/<its config>, feature_extraction/trunk_only/rn50_layers over
+feature_extraction/extract_resnet_in1k_8gpu), or else after the first file that names data in
+a ``dataset``/``datasets`` folder inside its own folder or beside one of the folders above it
+(fairness/extract_label_predictions/models/... after .../datasets/...,
+feature_extraction/extract_dino_vit_trunk_only after feature_extraction/dataset/imagenette160).
+A data file of such a folder with no base above it is composed under the first (by name) of
+the fragments so paired with its folder (fairness/extract_label_predictions/datasets/utk_faces
+under .../models/<the first model>; pretrain/datasets/imagenet under pretrain/seer/models/...).
+Fragments with none of these are composed alone. Files that have no ``config:`` section at all are not
 engine configs (detectron2's files for VISSL's object-detection benchmark) and are counted apart.
 
 Catalog: DATASET_NAMES are looked up in the dataset catalog that VISSL's tree ships
@@ -78,14 +89,25 @@ def _load(path: Path):
         return None
 
 
-def _names_data(data) -> bool:
+def _data_splits(data) -> set:
+    """The splits (TRAIN, TEST) whose data the file names."""
     cfg = data.get("config") if isinstance(data, dict) else None
     if retrieval_config(cfg):
-        return True
+        return {"TRAIN", "TEST"}
     splits = ((cfg or {}).get("DATA") or {}) if isinstance(cfg, dict) else {}
-    return any(isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
-                                                      or splits[split].get("DATASET_NAMES"))
-               for split in ("TRAIN", "TEST"))
+    return {split for split in ("TRAIN", "TEST")
+            if isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
+                                                        or splits[split].get("DATASET_NAMES"))}
+
+
+def _run_splits(data) -> set:
+    """The splits the file runs, with VISSL's (and the engine's) defaults TEST_MODEL true and
+    TEST_ONLY false for what it does not set."""
+    cfg = data.get("config") if isinstance(data, dict) else None
+    cfg = cfg if isinstance(cfg, dict) else {}
+    test_only = bool(cfg.get("TEST_ONLY", False))
+    return ({"TEST"} if test_only or cfg.get("TEST_MODEL", True) else set()) | (
+        set() if test_only else {"TRAIN"})
 
 
 def retrieval_config(cfg) -> bool:
@@ -106,9 +128,11 @@ def config_names(root: Path):
             foreign.append(str(rel))
             continue
         rels.append(rel)
-        if _names_data(data):
+        named = _data_splits(data)
+        if named:
             with_data.add(rel)
-            if not rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS):
+            if (_run_splits(data) <= named
+                    and not rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)):
                 bases.add(rel)
 
     def first_base(folder: Path, among=bases):
@@ -121,8 +145,8 @@ def config_names(root: Path):
             out.append((str(rel), [f"config={rel}"]))
             continue
         args = []
-        for folder in rel.parents[1:]:
-            base = first_base(folder)
+        for folder in rel.parents:
+            base = first_base(folder) if folder != rel.parent else None  # not a sibling
             if base is not None:
                 args = [f"config={base}"]
                 break
@@ -133,7 +157,25 @@ def config_names(root: Path):
                 args = [f"config={dataset}"]
                 break
         out.append((str(rel), args + [f"+config/{rel.parent}={rel.name}"]))
-    return out, foreign
+    return _pair_lone_data_files(out), foreign
+
+
+def _pair_lone_data_files(out):
+    """A data file of a dataset(s) folder with no base above it goes with the fragment that
+    VISSL's folders pair with that folder (the first by name of those composed after the
+    folder's first data file): its data under that model, as a user runs it."""
+    partner = {}
+    for name, args in out:
+        if len(args) == 2 and args[0].startswith("config="):
+            partner.setdefault(Path(args[0][len("config="):]).parent, (name, args[1]))
+    paired = []
+    for name, args in out:
+        rel = Path(name)
+        lone = len(args) == 1 and rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)
+        if lone and rel.parent in partner:
+            args = [f"config={rel}", partner[rel.parent][1]]
+        paired.append((name, args))
+    return paired
 
 
 def _merge(into: dict, update: dict) -> None:
@@ -169,8 +211,10 @@ def compose_fast(root: Path, args, defaults):
         *parents, last = key.split(".")
         node = merged
         for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):  # e.g. an empty "MACHINE:" in the file
+            if node.get(part) is None:  # e.g. an empty "MACHINE:" in a file: Hydra's override
+                node[part] = {}         # (OmegaConf.update) makes the null a new mapping
+            node = node[part]
+            if not isinstance(node, dict):
                 raise ConfigError(f"Could not override '{key}': {part} is not a mapping "
                                   "in the composed config")
         node[last] = value
@@ -240,6 +284,8 @@ def main(argv=None) -> int:
     parser.add_argument("tree", nargs="?", default=str(REPO.parent / "shared/vissl/configs/config"),
                         help="VISSL's configs/config folder")
     parser.add_argument("--top", type=int, default=15, help="reasons shown")
+    parser.add_argument("--list", action="store_true",
+                        help="also print every refused file with its whole refusal")
     parser.add_argument("--hydra", action="store_true", help="compose through Hydra (slower)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="one more override for every file (string values), e.g. "
@@ -305,7 +351,7 @@ def measure(args) -> int:
     start = time.perf_counter()
     reasons = collections.Counter()
     examples = {}
-    accepted = []
+    accepted, refused = [], []
     try:
         for name, hydra_args in names:
             try:
@@ -323,8 +369,13 @@ def measure(args) -> int:
                 reason = reason_of(text)
                 reasons[reason] += 1
                 examples.setdefault(reason, name)
+                refused.append((name, text))
         print_validation(root, names, foreign, catalog, len(accepted), reasons, examples,
                          args.top, time.perf_counter() - start)
+        if args.list:
+            print("\nrefused files:")
+            for name, text in refused:
+                print(f"  {name}: {text.splitlines()[0] if text else ''}")
         if args.run > 0:
             picked = pick(accepted, args.run, args.seed)
             print(f"\n--run {args.run}: {len(picked)} of the {len(accepted)} accepted files "

@@ -44,15 +44,12 @@ VISSL_TREE = {
                         "WIDTH_MULTIPLIER: 3, SK_RATIO: 0.0625}}}", None),
     "model/swin": ("  MODEL: {TRUNK: {NAME: swin_transformer}}", None),
     "model/classy_vit": ("  MODEL: {TRUNK: {NAME: classy_vit}}", None),
-    "model/mnv3_timm": ("  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}",
-                        "config.MODEL.TRUNK.NAME=mobilenetv3_timm is not supported: the "
-                        "mobilenetv3_timm trunk"),
+    "model/mnv3_timm": ("  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}", None),
     "model/amp": ("  MODEL: {AMP_PARAMS: {USE_AMP: true, AMP_TYPE: apex, AMP_ARGS: {opt_level: O1}}}",
                   None),  # composes; apex itself is refused when the model is built
     "loss/nce": ("  LOSS: {name: nce_loss_with_memory, nce_loss_with_memory: {temperature: 0.07}}",
                  None),
-    "loss/msn_distill": ("  LOSS: {name: msn_distillation_loss}",
-                         "config.LOSS.name=msn_distillation_loss is not supported"),
+    "loss/msn_distill": ("  LOSS: {name: msn_distillation_loss}", None),
     "loss/simclr": ("  LOSS: {simclr_info_nce_loss: {buffer_params: {world_size: 8, "
                     "effective_batch_size: 1024}}}", None),
     "optimizer/head_lr": ("  OPTIMIZER: {head_optimizer_params: {use_different_lr: true}}",
@@ -61,8 +58,7 @@ VISSL_TREE = {
                           "{scaling_type: sqrt}}}}", "scaling_type='sqrt' is not supported"),
     "meters/old_name": ("  METERS: {name: accuracy_list_meter}", None),
     "meters/map": ("  METERS: {names: [mean_ap_list_meter]}", None),
-    "meters/mask": ("  METERS: {model_output_mask: true}",
-                    "config.METERS.model_output_mask=True is not supported"),
+    "meters/mask": ("  METERS: {model_output_mask: true}", None),
     "trainer/task": ("  TRAINER: {TASK_NAME: self_supervision_task}", None),
     "checkpoint/symlink": ("  CHECKPOINT: {USE_SYMLINK_CHECKPOINT_FOR_RESUME: true}", None),
     "extract/chunks": ("  EXTRACT_FEATURES: {CHUNK_THRESHOLD: 1000}", None),

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.losses import MSNLoss, StepContext
 from ssl_engine.models.heads.msn_head import MSNHead
 from ssl_engine.models.trunks.msn_patch_drop import PatchDrop, msn_patch_drop
@@ -95,8 +96,13 @@ def test_head_gives_cosines_with_the_prototypes_and_refuses_vissl_settings_it_la
     head.return_query = True
     torch.testing.assert_close(head(x).norm(dim=1), torch.ones(5))
     assert not MSNHead(10, K, freeze_prototypes=True).prototypes.requires_grad
+    torch.manual_seed(0)
+    warm = MSNHead(in_dim=10, num_prototypes=K, use_bn=True, hidden_dim=16, output_dim=DIM,
+                   temperature=0.025)  # VISSL's teacher heads: the cosines / temperature
+    torch.testing.assert_close(warm.eval()(x), cosines(warm.fc(x), warm.prototypes) / 0.025)
+    model_cfg = AttrDict({"HEAD": {"PARAMS": [["msn_head", {"in_dim": 10, "temperature": 0.1}]]}})
     with pytest.raises(ValueError, match="LOSS.msn_loss.temperature"):
-        MSNHead(10, K, temperature=0.1)
+        MSNLoss.check_model_config(model_cfg)
     with pytest.raises(ValueError, match="label_smoothing=0.1 is not implemented"):
         MSNHead(10, K, label_smoothing=0.1)
 
@@ -126,6 +132,19 @@ def test_patch_drop_keeps_the_class_token_and_one_seeded_subset_per_call():
         msn_patch_drop({"ratio": 0.5}, 1)
     with pytest.raises(ValueError, match=r"drop_ratio must be in \[0, 1\)"):
         msn_patch_drop({"drop_ratio": 1.0}, 1)
+
+
+def test_patch_drop_with_global_view_tokens_drops_only_the_global_views():
+    # VISSL's global_view_tokens: views with that many patch tokens drop, smaller views keep all
+    drop = msn_patch_drop({"drop_ratio": 0.5, "global_view_tokens": 16, "seed": 3}, 1).train()
+    global_view = torch.randn(2, 17, 4)
+    local_view = torch.randn(2, 5, 4)
+    dropped = drop(global_view)
+    assert dropped.shape == (2, 1 + 8, 4)
+    assert torch.equal(dropped[:, 1:], global_view[:, 1 + drop.kept_positions(16, 0)])
+    assert torch.equal(drop(local_view), local_view)
+    assert int(drop.calls) == 2  # every training forward counts
+    assert torch.equal(drop(global_view)[:, 1:], global_view[:, 1 + drop.kept_positions(16, 2)])
 
 
 def msn_model():

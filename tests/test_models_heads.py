@@ -165,3 +165,24 @@ def test_identity_head_returns_the_trunk_output_unchanged():
     features = torch.randn(3, 7, 2, 2)
     head = MODEL_HEADS.get("identity")()
     assert head(features) is features and not list(head.parameters())
+
+
+def test_head_entry_elements_after_the_params_are_ignored_with_a_warning(caplog):
+    # VISSL's PIRL w2/w4 configs write ["mlp", {"dims": [...]}, "use_relu": True]: YAML reads a
+    # third element {"use_relu": True}, which VISSL never read; the head is the two-element one
+    from ssl_engine.models.base_ssl_model import build_head
+
+    torch.manual_seed(0)
+    with caplog.at_level("WARNING", logger="ssl_engine.models.base_ssl_model"):
+        head = build_head(1, ["mlp", {"dims": [6, 5, 3]}, {"use_relu": True}])
+    torch.manual_seed(0)
+    plain = build_head(1, ["mlp", {"dims": [6, 5, 3]}])
+    assert str(head) == str(plain)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(head(x), plain(x))
+    assert "MODEL.HEAD.PARAMS[1] ('mlp'): [{'use_relu': True}] after the params ignored" \
+        in caplog.text
+    with pytest.raises(ValueError, match=r"must be \[head_name, \{params\}\]"):
+        build_head(0, ["mlp", "dims"])
+    with pytest.raises(ValueError, match=r"must be \[head_name, \{params\}\]"):
+        build_head(0, ["mlp"])

@@ -85,3 +85,61 @@ def test_timm_bn_pretrained_and_the_name_checks():
     cfg.DATA.TRAIN.DATA_SOURCES = cfg.DATA.TEST.DATA_SOURCES = ["synthetic"]
     cfg.MODEL.TRUNK.NAME = "mobilenetv3_tv"
     check_registered_names("train", cfg)
+
+
+def timm_model_cfg(heads=(), **overrides):
+    cfg = copy.deepcopy(DEFAULTS.MODEL)
+    cfg.TRUNK.NAME = "mobilenetv3_timm"
+    cfg.TRUNK.MOBILE_NET.update({"NAME": "mobilenetv3_small_050", **overrides})
+    cfg.HEAD.PARAMS = [list(head) for head in heads]
+    return cfg
+
+
+def test_timm_trunk_outputs_are_timms_features():
+    import timm
+
+    torch.manual_seed(0)
+    model = build_model(timm_model_cfg()).eval()
+    trunk = model.trunk
+    reference = timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=0).eval()
+    reference.load_state_dict({k[len("model."):]: v for k, v in trunk.state_dict().items()})
+    assert trunk.default_out_feat_key == "flatten"
+    assert trunk.stage_dims == {"trunk": 288, "trunk_pool": 288, "flatten": 1024}
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        flat, pool, feature_map = trunk(x, ["flatten", "trunk_pool", "trunk"])
+        expected_map = reference.forward_features(x)
+        expected = reference(x)  # num_classes=0: timm's pre-logits features
+    torch.testing.assert_close(feature_map, expected_map)
+    torch.testing.assert_close(pool, expected_map.mean(dim=(2, 3)))
+    torch.testing.assert_close(flat, expected)
+
+
+def test_timm_trunk_only_with_the_timm_head_is_timms_classifier():
+    import timm
+
+    heads = [["mobilenet_v3_head_timm", {"in_channels": 288, "mid_channels": 1024,
+                                         "num_classes": 5}]]
+    torch.manual_seed(0)
+    model = build_model(timm_model_cfg(heads, TRUNK_ONLY=True)).eval()
+    assert model.trunk.default_out_feat_key == "trunk"
+    assert not any(key.startswith("model.conv_head") for key in model.trunk.state_dict())
+    reference = timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=5).eval()
+    state = {k[len("trunk.model."):]: v for k, v in model.state_dict().items()
+             if k.startswith("trunk.")}
+    head = model.heads[0]
+    state.update({"conv_head.weight": head.conv_head.weight, "conv_head.bias": head.conv_head.bias,
+                  "classifier.weight": head.classifier.weight,
+                  "classifier.bias": head.classifier.bias})
+    reference.load_state_dict(state)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        (output,) = model(x)
+        torch.testing.assert_close(output, reference(x))
+        # pooled features give the same logits as the map they were pooled from
+        pooled = model.trunk(x, ["trunk_pool"])[0]
+        torch.testing.assert_close(head(pooled), output)
+    with pytest.raises(ValueError, match="expects \\[N, 288, H, W\\]"):
+        head(torch.zeros(2, 7))
+    with pytest.raises(ValueError, match="not one of timm's MobileNet-V3"):
+        build_model(timm_model_cfg(NAME="resnet50"))

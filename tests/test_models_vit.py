@@ -20,7 +20,7 @@ KEY = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 D = 32
 TINY = dict(IMAGE_SIZE=16, PATCH_SIZE=4, HIDDEN_DIM=D, NUM_LAYERS=4, NUM_HEADS=2, MLP_DIM=64,
             QKV_BIAS=True)
-OUTPUT_DIMS = {"lastCLS": D, "concatCLS4": 4 * D, "lastPOOL": D, "concatPOOL4": 4 * D}
+OUTPUT_DIMS = {"lastCLS": D, "concatCLS4": 4 * D, "lastPOOL": D, "concatPOOL4": 4 * D, "norm": D}
 
 
 def vit_cfg(heads=(), **vit_overrides):
@@ -78,12 +78,13 @@ def test_outputs_equal_timm_computed_independently():
     reference = timm_copy(trunk)
     x = images()
     with torch.no_grad():
-        last_cls, concat_cls, last_pool, concat_pool = trunk(x, list(OUTPUT_DIMS))
+        last_cls, concat_cls, last_pool, concat_pool, norm = trunk(x, list(OUTPUT_DIMS))
         normed = normed_tokens_per_block(reference, x)
         timm_features = reference.forward_features(x)
         timm_pooled = reference(x)  # timm's own class-token pooling, no classifier
     torch.testing.assert_close(last_cls, timm_features[:, 0])
     torch.testing.assert_close(last_cls, timm_pooled)
+    torch.testing.assert_close(norm, last_cls, rtol=0, atol=0)  # VISSL's DINO extraction name
     torch.testing.assert_close(last_pool, timm_features[:, 1:].mean(dim=1))
     torch.testing.assert_close(concat_cls, torch.cat([t[:, 0] for t in normed], dim=1))
     torch.testing.assert_close(concat_pool, torch.cat([t[:, 1:].mean(1) for t in normed], dim=1))
@@ -142,7 +143,7 @@ def test_unknown_output_names_fail():
 
 def test_concat4_outputs_need_four_blocks():
     trunk = make_model(NUM_LAYERS=2).trunk
-    assert trunk.stage_dims == {"lastCLS": D, "lastPOOL": D}
+    assert trunk.stage_dims == {"lastCLS": D, "lastPOOL": D, "norm": D}
     with pytest.raises(ValueError, match=r"no stage\(s\) \['concatCLS4'\]"):
         trunk(images(), ["concatCLS4"])
 

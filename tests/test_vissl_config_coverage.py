@@ -27,9 +27,17 @@ TREE = {
     + "  CHECKPOINT: {BACKEND: manifold}\n",
     # fragments: composed over bench/a_synthetic
     "bench/models/resnet101": "  MODEL: {TRUNK: {NAME: resnet, RESNETS: {DEPTH: 101}}}\n",
-    "bench/models_fine/mnv3": "  MODEL: {TRUNK: {NAME: mobilenetv3_timm}}\n",
+    "bench/models_fine/ce": "  LOSS: {name: CrossEntropyLoss}\n",
     "bench/models/typo": "  MODEL: {TRUNK: {RESNET: {DEPTH: 101}}}\n",
     "bench/semi_sup_datasets/per01": DATA.format(source="synthetic", name="subset"),
+    # names TRAIN data but runs TEST (TEST_MODEL's default) without: a fragment, over a_synthetic
+    "bench/perms/p100": DATA.format(source="synthetic", name="perm").replace(
+        "  TEST_MODEL: false\n", "") + "  MACHINE:\n",  # an empty MACHINE, as Hydra overrides it
+    # the same at the top of its folder: composed after the data file of the dataset folder in it
+    "extract/trunk_only": DATA.format(source="synthetic", name="t").replace(
+        "  TEST_MODEL: false\n", "  TEST_MODEL: true\n"),
+    "extract/dataset/tiny": DATA.format(source="synthetic", name="tiny").replace(
+        "TRAIN: {", "TEST: {DATA_SOURCES: [synthetic]}\n    TRAIN: {"),
 }
 
 
@@ -68,15 +76,16 @@ def run_script(tmp_path, capsys, *args, tree=TREE):
 
 def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     module, out = run_script(tmp_path, capsys)
-    assert "9 config files under" in out
+    assert "12 config files under" in out
     assert "not engine configs:   1 (no config: section; e.g. detection/d2)" in out
-    assert "engine configs:       8" in out
+    assert "engine configs:       11" in out
     # a_synthetic, b_catalog (its name found in the tree's catalog, nccl -> gloo on the CPU),
-    # models/resnet101 and semi_sup_datasets/per01 over a_synthetic
-    assert "compose and validate: 4" in out
+    # models/resnet101, semi_sup_datasets/per01 and perms/p100 over a_synthetic,
+    # extract/trunk_only after extract/dataset/tiny, and tiny (no base above it) under trunk_only
+    assert "compose and validate: 7" in out
     assert "refused:              4 (4 reasons)" in out
     lines = [line.strip() for line in out.splitlines()]
-    assert "1  config.MODEL.TRUNK.NAME=mobilenetv3_timm  [bench/models_fine/mnv3]" in lines
+    assert "1  unsupported config.LOSS.name  [bench/models_fine/ce]" in lines
     assert "1  unknown key config.MODEL.TRUNK.RESNET  [bench/models/typo]" in lines
     assert any(line.startswith("1  unsupported config.CHECKPOINT.BACKEND")
                for line in lines)
@@ -85,8 +94,12 @@ def test_coverage_table_counts_pairs_and_groups(tmp_path, capsys):
     names, foreign = module.config_names(tmp_path / "config")
     pairs = dict(names)
     assert foreign == ["detection/d2"]
-    assert pairs["bench/models_fine/mnv3"] == ["config=bench/a_synthetic",
-                                               "+config/bench/models_fine=mnv3"]
+    assert pairs["bench/models_fine/ce"] == ["config=bench/a_synthetic",
+                                             "+config/bench/models_fine=ce"]
+    assert pairs["bench/perms/p100"] == ["config=bench/a_synthetic", "+config/bench/perms=p100"]
+    assert pairs["extract/trunk_only"] == ["config=extract/dataset/tiny",
+                                           "+config/extract=trunk_only"]
+    assert pairs["extract/dataset/tiny"] == pairs["extract/trunk_only"]
     assert pairs["bench/semi_sup_datasets/per01"] == ["config=bench/a_synthetic",
                                                       "+config/bench/semi_sup_datasets=per01"]
     assert pairs["bench/b_catalog"] == ["config=bench/b_catalog"]
@@ -123,9 +136,12 @@ def test_retrieval_configs_are_checked_as_the_retrieval_tool_checks_them(tmp_pat
 
 
 def test_any_dataset_adds_placeholders_for_names_the_catalog_lacks(tmp_path, capsys):
-    _, out = run_script(tmp_path, capsys, "--any-dataset")
-    assert "compose and validate: 5" in out  # c_not_in_catalog too
+    _, out = run_script(tmp_path, capsys, "--any-dataset", "--list")
+    assert "compose and validate: 8" in out  # c_not_in_catalog too
     assert "in_no_catalog" not in out
+    # --list: every refused file with its whole refusal
+    assert "  bench/models/typo: unknown config key 'config.MODEL.TRUNK.RESNET': did you mean " \
+           "'config.MODEL.TRUNK.RESNETS'?" in out.splitlines()
 
 
 TINY_SIMCLR = """  DATA:

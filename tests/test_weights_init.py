@@ -127,6 +127,29 @@ def test_shape_mismatch_names_the_key_and_both_shapes(tmp_path):
         assert torch.equal(value, before[key])
 
 
+def test_a_list_state_dict_key_name_is_the_path_of_keys_into_the_file(tmp_path):
+    # VISSL's form, e.g. iBOT's teacher: STATE_DICT_KEY_NAME: ["loss", "teacher"]
+    source = tiny_model(seed=1)
+    torch.save({"loss": {"teacher": source.state_dict(), "center": torch.zeros(3)},
+                "classy_state_dict": {}}, tmp_path / "w.pth")
+    model = tiny_model(seed=2)
+    report = load_weights_init(model, weights_cfg(tmp_path / "w.pth",
+                                                  STATE_DICT_KEY_NAME=["loss", "teacher"]))
+    weights = {k: v for k, v in source.state_dict().items() if "num_batches" not in k}
+    assert set(report.loaded) == set(weights)  # SKIP_LAYERS: num_batches_tracked
+    for key, value in weights.items():
+        assert torch.equal(model.state_dict()[key], value)
+    from ssl_engine.config import compose_config
+    from ssl_engine.utils.errors import ConfigError
+
+    _, cfg = compose_config(["config=test/quick_simclr_synthetic",
+                             "config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME=[loss,teacher]"])
+    assert list(cfg.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME) == ["loss", "teacher"]
+    with pytest.raises(ConfigError, match="STATE_DICT_KEY_NAME' expects a str"):
+        compose_config(["config=test/quick_simclr_synthetic",
+                        "config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME=[loss,3]"])
+
+
 def test_missing_file_is_named(tmp_path):
     missing = tmp_path / "nope.torch"
     with pytest.raises(FileNotFoundError, match=f"PARAMS_FILE {missing} does not exist"):

@@ -14,7 +14,7 @@ and are reported, as are file keys the model lacks.
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Sequence, Union
 
 import torch
 from torch import nn
@@ -95,14 +95,16 @@ def flatten_engine_state(state: Mapping[str, Any], path: Any = "the file",
     return dict(state)
 
 
-def _nested_entry(contents: Any, key_name: str) -> Any:
+def _nested_entry(contents: Any, key_name: Union[str, Sequence[str]]) -> Any:
     """``contents[key_name]``, or for a dotted name not among the file's keys the entry at
-    that path (``classy_state_dict.ema_model``: the average of HOOKS.EMA_MODEL); None if absent."""
+    that path (``classy_state_dict.ema_model``: the average of HOOKS.EMA_MODEL), or for a list
+    of keys (VISSL's form, e.g. ``[loss, teacher]``) the entry at that path; None if absent."""
     if not key_name or not isinstance(contents, Mapping):
         return None
-    if key_name in contents:
+    if isinstance(key_name, str) and key_name in contents:
         return contents[key_name]
-    for part in key_name.split("."):
+    parts = key_name.split(".") if isinstance(key_name, str) else [str(p) for p in key_name]
+    for part in parts:
         if not isinstance(contents, Mapping) or part not in contents:
             return None
         contents = contents[part]
@@ -121,10 +123,12 @@ def read_state(weights_cfg: Mapping[str, Any], mmap: bool = False,
         raise FileNotFoundError(f"{WHERE}.PARAMS_FILE {path} {what}")
     contents = load_checkpoint(path, mmap=mmap)
     key_name = weights_cfg.get("STATE_DICT_KEY_NAME") or ""
+    if not isinstance(key_name, str):  # VISSL's list of keys: a path into the file
+        key_name = list(key_name)
     used_key = ""
     nested = _nested_entry(contents, key_name)
     if nested is not None:
-        contents, used_key = nested, key_name
+        contents, used_key = nested, key_name if isinstance(key_name, str) else ".".join(key_name)
     elif key_name:
         logger.info("%s: %s has no key '%s'; using the whole file as the state dict",
                     WHERE, path, key_name)

@@ -57,7 +57,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.DATA.*.RANDOM_SYNTHETIC_LABELS": "use DATA.<split>.SYNTHETIC.NUM_CLASSES",
     # METERS
     "config.METERS.enable_training_meter": "meters are computed in every phase",
-    "config.METERS.model_output_mask": "masking the model output to the labels' classes is not implemented",
     # MODEL
     "config.MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
     "config.MODEL.NON_TRAINABLE_PARAMS": "not implemented; use MODEL.TEMP_FROZEN_PARAMS_ITER_MAP "
@@ -79,8 +78,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.MODEL.FSDP_CONFIG.verbose": "the FSDP units are always logged",
     # DISTILLATION: the teacher is built like MODEL, with MODEL's refusals
     "config.DISTILLATION.TEACHER_MODEL.BASE_MODEL_NAME": "only multi_input_output_model exists",
-    "config.DISTILLATION.TEACHER_MODEL.MULTI_INPUT_HEAD_MAPPING":
-        "heads fed by other sample keys are not implemented",
     "config.DISTILLATION.TEACHER_MODEL.SINGLE_PASS_EVERY_CROP":
         "crops of one size always go through together",
     "config.DISTILLATION.TEACHER_MODEL.FSDP_CONFIG":
@@ -130,17 +127,8 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
     "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION": "gradients are reduced by DDP's hooks",
 }
 
-_NOT_YET = "is not implemented"
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
-    "config.MODEL.TRUNK.NAME": {
-        "mobilenetv3_timm": f"the mobilenetv3_timm trunk {_NOT_YET} (trunks: resnet, "
-                            "resnet_sk, regnet, efficientnet, vision_transformer, classy_vit, "
-                            "beit, convnext, xcit, convit, swin_transformer, mobilenetv3_tv, "
-                            "alexnet_*)",
-    },
     "config.LOSS.name": {
-        **{name: f"the {name} loss {_NOT_YET}" for name in (
-            "ibot_distillation_loss", "msn_distillation_loss")},
         "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
                             "for one output)",
     },

@@ -34,6 +34,10 @@ NUMBER_OR_FALSE = ("config.MODEL.TRUNK.BEIT.INIT_VALUES", "config.MODEL.TRUNK.BE
 STR_OR_INT = ("config.DISTRIBUTED.NCCL_SOCKET_NTHREADS",)
 # Keys that take a number or a list of numbers (VISSL's low-shot LAMBDA: one, or several tried).
 NUMBER_OR_LIST = ("config.LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA",)
+# Keys that take a string or a list of strings (VISSL's STATE_DICT_KEY_NAME: one key, or the
+# path of keys to the weights in a nested checkpoint, e.g. [loss, teacher]).
+STR_OR_STR_LIST = ("config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME",
+                   "config.DISTILLATION.TEACHER_MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME")
 # Sections whose *new* sub-sections are accepted (settings of a component registered by a user,
 # or another scheduled parameter), while the keys of the known sub-sections are still checked.
 EXTENSIBLE_SECTIONS = ("config.LOSS", "config.METERS", "config.OPTIMIZER.param_schedulers")
@@ -204,6 +208,9 @@ def _check_value(path: str, default: Any, value: Any) -> None:
     if path in STR_OR_INT and _kind(value) in ("str", "int"):
         return
     if path in NUMBER_OR_LIST and _kind(value) == "list" and all(map(_is_number, value)):
+        return
+    if path in STR_OR_STR_LIST and _kind(value) == "list" and all(
+            _kind(part) == "str" for part in value):
         return
     if not _type_ok(default, value):
         raise ConfigError(

@@ -138,6 +138,15 @@ class GenericSSLDataset(Dataset):
         return sample
 
 
+def dataset_labels(dataset: GenericSSLDataset):
+    """The labels of ``dataset``'s samples as its source lists them (``labels()``; the
+    split's LIMIT/subset applied), or None for a source that does not list them."""
+    labels = dataset.source.labels() if hasattr(dataset.source, "labels") else None
+    if labels is None or dataset.subset is None:
+        return labels
+    return np.asarray(labels)[np.asarray(dataset.subset)]
+
+
 def _with_local_copies(cfg, split: str):
     """``cfg``, or a copy whose split reads the local copies (COPY_TO_LOCAL_DISK)."""
     split_cfg = cfg.DATA[split]

@@ -64,7 +64,7 @@ class EmaModelHook(SSLHook):
         inputs = to_device(task.last_batch["input"], ema.device)
         with task.amp.autocast() if same_device else contextlib.nullcontext():
             output = float32_outputs(ema.module(inputs))
-        output = task.to_device(output)
+        output = task.meter_output(task.to_device(output))
         for meter in self.meters:
             meter.update(output, task.last_batch["target"])
 

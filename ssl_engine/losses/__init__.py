@@ -20,6 +20,7 @@ from ssl_engine.losses.dino_loss import DINOLoss
 from ssl_engine.losses.distillation import DINODistillationLoss, DistillationLoss
 from ssl_engine.losses.ibot_loss import IBOTLoss
 from ssl_engine.losses.mae_loss import MAELoss
+from ssl_engine.losses.masked_distillation import IBOTDistillationLoss, MSNDistillationLoss
 from ssl_engine.losses.moco_loss import MoCoLoss
 from ssl_engine.losses.moco_v3_loss import MoCoV3Loss
 from ssl_engine.losses.msn_loss import MSNLoss
@@ -64,6 +65,8 @@ __all__ = [
     "DINODistillationLoss",
     "DistillationLoss",
     "IBOTLoss",
+    "IBOTDistillationLoss",
+    "MSNDistillationLoss",
     "MAELoss",
     "MoCoLoss",
     "MoCoV3Loss",

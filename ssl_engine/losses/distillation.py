@@ -36,6 +36,18 @@ def first_crops(inputs: Inputs, num_crops: int, keep: int) -> List[torch.Tensor]
     return kept
 
 
+def crop_pairs(teacher_crops: int, student_crops: int, swapped_assignment: bool):
+    """The (teacher crop q, student crop v) pairs a crop-to-crop distillation averages over:
+    with ``swapped_assignment`` every v != q; otherwise every v but the other teacher-seen
+    crops (each teacher crop is matched with the student's view of the same crop and with
+    every crop the teacher does not see)."""
+    for q in range(teacher_crops):
+        for v in range(student_crops):
+            skip = v == q if swapped_assignment else (v < teacher_crops and v != q)
+            if not skip:
+                yield q, v
+
+
 class TeacherLoss(SSLLoss):
     """A loss computed against a frozen teacher's outputs on the same batch."""
 
@@ -147,11 +159,8 @@ class DINODistillationLoss(TeacherLoss):
         return first_crops(inputs, self.student_num_crops, self.teacher_num_crops)
 
     def pairs(self):
-        for q in range(self.teacher_num_crops):
-            for v in range(self.student_num_crops):
-                skip = v == q if self.swapped_assignment else (v < self.teacher_num_crops and v != q)
-                if not skip:
-                    yield q, v
+        return crop_pairs(self.teacher_num_crops, self.student_num_crops,
+                          self.swapped_assignment)
 
     def forward(self, output, target: Optional[torch.Tensor] = None) -> torch.Tensor:
         student = as_output_list(output)[0]

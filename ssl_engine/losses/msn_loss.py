@@ -97,6 +97,9 @@ class MSNLoss(MomentumTargetLoss):
         if not (isinstance(last, (list, tuple)) and last and last[0] == "msn_head"):
             raise ValueError("msn_loss needs msn_head as the last head of "
                              f"config.MODEL.HEAD.PARAMS, got {[h[0] for h in heads or []]}")
+        if len(last) > 1 and (last[1] or {}).get("temperature") is not None:
+            raise ValueError("msn_loss: the softmax temperature is LOSS.msn_loss.temperature; "
+                             "leave msn_head's temperature out (it is for a frozen MSN teacher)")
 
     # ------------------------------------------------------------------ the target
     def bind_model(self, model) -> None:
@@ -105,6 +108,9 @@ class MSNLoss(MomentumTargetLoss):
             raise ValueError(f"msn_loss: LOSS.msn_loss.output_dim={self.output_dim} but the "
                              f"model's last head has num_prototypes="
                              f"{getattr(head, 'num_prototypes', None)} (msn_head)")
+        if getattr(head, "temperature", None) is not None:
+            raise ValueError("msn_loss: the softmax temperature is LOSS.msn_loss.temperature; "
+                             "leave msn_head's temperature out (it is for a frozen MSN teacher)")
         super().bind_model(model)
         without_stochastic_depth(self.target_network)
         disable_patch_drop(self.target_network)

@@ -2,6 +2,7 @@
 stage in feature evaluation)."""
 import contextlib
 import copy
+import logging
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -23,14 +24,24 @@ from ssl_engine.models.registry import MODEL_HEADS, MODEL_TRUNKS
 from ssl_engine.models.state_dict import load_state_dict_strict
 
 ModelInput = Union[torch.Tensor, Sequence[torch.Tensor], Dict[str, torch.Tensor]]
+logger = logging.getLogger(__name__)
+_WARNED_EXTRA = set()  # head entries whose ignored extra elements were already warned about
 
 
 def build_head(index: int, entry) -> nn.Module:
-    """One head from an entry ``[head_name, {params}]`` of MODEL.HEAD.PARAMS."""
+    """One head from an entry ``[head_name, {params}]`` of MODEL.HEAD.PARAMS.  Elements after
+    the params are ignored with a warning, as VISSL ignored them (a VISSL PIRL config writes
+    ``["mlp", {"dims": [...]}, "use_relu": True]``, whose ``use_relu`` VISSL never read)."""
     where = f"MODEL.HEAD.PARAMS[{index}]"
-    if not isinstance(entry, (list, tuple)) or len(entry) != 2 or not isinstance(entry[0], str):
+    if (not isinstance(entry, (list, tuple)) or len(entry) < 2 or not isinstance(entry[0], str)
+            or not isinstance(entry[1], (dict, type(None)))):
         raise ValueError(f"{where} must be [head_name, {{params}}], got {entry!r}")
-    name, params = entry
+    name, params, extra = entry[0], entry[1], list(entry[2:])
+    if extra and repr(entry) not in _WARNED_EXTRA:
+        _WARNED_EXTRA.add(repr(entry))
+        logger.warning("%s ('%s'): %s after the params ignored, as VISSL ignored them (it read "
+                       "the name and the params of a head only); put a setting inside the "
+                       "params to apply it", where, name, extra)
     head_cls = MODEL_HEADS.get(name)
     params = dict(params or {})
     try:

@@ -10,9 +10,11 @@ from ssl_engine.checkpoint import (VISSL_RESUME_NOT_RESTORED, CheckpointError, i
                                    load_vissl_model_weights, load_weights_init, vissl_key_prefix)
 from ssl_engine.data import StatefulDistributedSampler, build_dataloader, build_dataset
 from ssl_engine.data.loader import set_loader_position, stop_workers
+from ssl_engine.data.ssl_dataset import dataset_labels
 from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
 from ssl_engine.losses import build_loss
 from ssl_engine.meters import build_meters
+from ssl_engine.meters.output_mask import OutputMask, label_classes
 from ssl_engine.models import build_model
 from ssl_engine.models.ema import ModelEMA, ema_model_enabled
 from ssl_engine.models.sync_bn import convert_sync_bn
@@ -115,6 +117,7 @@ class SelfSupervisionTask(ClassyTask):
         if self.optimizer is None and not cfg.TEST_ONLY:  # FSDP: over the sharded parameters
             self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)
+        self.meter_masks = self._meter_masks() if cfg.METERS.model_output_mask else {}
         if checkpoint is not None:
             self.set_classy_state(checkpoint["classy_state_dict"])
             self._resume_rng_states = checkpoint.get("rng_states")
@@ -124,6 +127,26 @@ class SelfSupervisionTask(ClassyTask):
         # updates per epoch: a last, shorter group of micro-batches still makes an update
         self.num_train_iters_per_epoch = -(-batches // self.accumulation_steps)
         self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
+
+    def _meter_masks(self) -> Dict[str, OutputMask]:
+        """METERS.model_output_mask: per split, the classes its labels name."""
+        masks = {}
+        for split, dataset in self.datasets.items():
+            labels = dataset_labels(dataset)
+            if labels is None:
+                raise ValueError(f"config.METERS.model_output_mask needs the labels of "
+                                 f"config.DATA.{split}, and its data source does not list them")
+            classes = label_classes(labels)
+            logger.info("%s meters read %d classes of the model's output (model_output_mask)",
+                        split.lower(), len(classes))
+            masks[split] = OutputMask(classes, f"the labels of config.DATA.{split}")
+        return masks
+
+    def meter_output(self, output):
+        """What the meters read of the model's ``output``: the output itself, or with
+        METERS.model_output_mask the scores of the classes the phase's labels name."""
+        mask = getattr(self, "meter_masks", {}).get("TRAIN" if self.train else "TEST")
+        return output if mask is None else mask(output)
 
     def _bind_loss(self) -> None:
         """Give the loss the built and wrapped model (``SSLLoss.bind_model``)."""

@@ -3,8 +3,10 @@ its output L2-normalised (the query), then the cosine of the query with each of
 ``num_prototypes`` learned prototypes.
 
 The head gives the cosines [N, num_prototypes]; ``msn_loss`` divides them by its temperature
-and takes the softmax (VISSL's head did that itself, with a temperature of its own: here the
-one temperature is LOSS.msn_loss.temperature).  Parameter names are VISSL's (``fc.fc1``,
+and takes the softmax (VISSL's head did that itself, with a temperature of its own: for
+msn_loss the one temperature is LOSS.msn_loss.temperature, and msn_loss refuses a head
+temperature).  With VISSL's ``temperature`` the head gives the cosines divided by it, VISSL's
+scores: what a frozen MSN teacher of ``msn_distillation_loss`` gives.  Parameter names are VISSL's (``fc.fc1``,
 ``fc.bn1``, ``fc.fc2``, ``fc.bn2``, ``fc.fc3``, ``prototypes``), so its checkpoints load.
 """
 from collections import OrderedDict
@@ -26,8 +28,9 @@ class MSNHead(nn.Module):
     Linear weights start from a truncated normal of std 0.02 and zero biases, the prototypes
     from a uniform on +-1/sqrt(output_dim), as in MSN.  ``freeze_prototypes`` keeps them
     fixed; ``return_query`` gives the normalised projection instead of the cosines (to
-    evaluate it).  ``temperature`` and ``label_smoothing`` are VISSL's keys: the temperature is
-    LOSS.msn_loss.temperature, and label smoothing is not implemented.
+    evaluate it).  ``temperature`` (VISSL's key; default none): the cosines are divided by it
+    (an MSN teacher; msn_loss refuses it, its temperature is LOSS.msn_loss.temperature).
+    ``label_smoothing`` is not implemented.
     """
 
     def __init__(
@@ -43,9 +46,8 @@ class MSNHead(nn.Module):
         return_query: bool = False,
     ):
         super().__init__()
-        if temperature is not None:
-            raise ValueError("msn_head: the softmax temperature is LOSS.msn_loss.temperature; "
-                             "leave the head's temperature out")
+        if temperature is not None and not float(temperature) > 0:
+            raise ValueError(f"msn_head: temperature must be > 0, got {temperature}")
         if label_smoothing:
             raise ValueError(f"msn_head: label_smoothing={label_smoothing} is not implemented "
                              "(0 only)")
@@ -72,6 +74,7 @@ class MSNHead(nn.Module):
             requires_grad=not freeze_prototypes)
         self.in_dim, self.num_prototypes = int(in_dim), int(num_prototypes)
         self.return_query = bool(return_query)
+        self.temperature = None if temperature is None else float(temperature)
 
     def query(self, x: torch.Tensor) -> torch.Tensor:
         """The L2-normalised projection of the flattened input."""
@@ -82,8 +85,10 @@ class MSNHead(nn.Module):
         return F.normalize(self.fc(x), dim=1)
 
     def scores(self, query: torch.Tensor) -> torch.Tensor:
-        """Cosines of normalised queries with the prototypes: [N, num_prototypes]."""
-        return query @ F.normalize(self.prototypes, dim=1).t()
+        """Cosines of normalised queries with the prototypes: [N, num_prototypes] (divided by
+        ``temperature`` when the head has one)."""
+        cosines = query @ F.normalize(self.prototypes, dim=1).t()
+        return cosines if self.temperature is None else cosines / self.temperature
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         query = self.query(x)

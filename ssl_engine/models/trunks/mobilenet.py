@@ -1,4 +1,5 @@
-"""MobileNet-V3 trunk (MODEL.TRUNK.NAME mobilenetv3_tv): torchvision's MobileNet-V3 Large
+"""MobileNet-V3 trunks: mobilenetv3_timm (timm's networks; see ``MobileNetV3TimmTrunk``) and
+mobilenetv3_tv (MODEL.TRUNK.NAME mobilenetv3_tv): torchvision's MobileNet-V3 Large
 without its classifier, configured by MODEL.TRUNK.MOBILE_NET as in VISSL:
 
 - ``NAME``: ``mobilenetv3_large_100`` (the only network VISSL builds under this name);
@@ -32,17 +33,18 @@ NAMES = ("mobilenetv3_large_100",)
 WIDTH = 960
 
 
-def check_mobilenet_config(model_cfg) -> None:
-    """Refuse, naming the key, a MODEL.TRUNK.MOBILE_NET setting the trunk cannot build."""
+def check_mobilenet_config(model_cfg, names=NAMES) -> None:
+    """Refuse, naming the key, a MODEL.TRUNK.MOBILE_NET setting the trunk cannot build
+    (``names``: the networks it builds; None: checked by the trunk)."""
     cfg = model_cfg.TRUNK.MOBILE_NET
-    if cfg.NAME not in NAMES:
+    if names is not None and cfg.NAME not in names:
         raise ValueError(f"{CONFIG}.NAME={cfg.NAME!r} is not one of {', '.join(NAMES)}")
     if cfg.get("PRETRAINED", False):
         raise ValueError(f"{CONFIG}.PRETRAINED=true is not supported: weights are not "
                          "downloaded; load them with MODEL.WEIGHTS_INIT")
     if model_cfg.get("ACTIVATION_CHECKPOINTING", {}).get("USE_ACTIVATION_CHECKPOINTING"):
         raise ValueError("MODEL.ACTIVATION_CHECKPOINTING is not supported by the "
-                         "mobilenetv3_tv trunk")
+                         f"{model_cfg.TRUNK.NAME} trunk")
 
 
 @register_model_trunk("mobilenetv3_tv")
@@ -78,4 +80,56 @@ class MobileNetV3TVTrunk(StagedTrunk):
         found = {"trunk": feature_map, "trunk_pool": pooled}
         if "trunk_pool_norm" in keys:
             found["trunk_pool_norm"] = F.normalize(pooled, dim=-1)
+        return [found[key] for key in keys]
+
+
+@register_model_trunk("mobilenetv3_timm")
+class MobileNetV3TimmTrunk(StagedTrunk):
+    """timm's MobileNet-V3 (MOBILE_NET.NAME, e.g. mobilenetv3_large_100) without its
+    classifier, held as ``model`` (timm's parameter names under ``model.``).
+
+    Outputs: ``trunk`` (the last feature map, [N, 960, H/32, W/32]), ``trunk_pool`` (its global
+    average) and, unless MOBILE_NET.TRUNK_ONLY, ``flatten``: timm's features before the
+    classifier (pooled, then timm's ``conv_head`` 960 -> 1280 and hard-swish), [N, 1280], the
+    default.  With TRUNK_ONLY the trunk stops at the feature map (the default output then) and
+    has no ``conv_head``: the ``mobilenet_v3_head_timm`` head holds it.  timm's network has
+    timm's batch norms (TIMM_BN changes nothing here); PRETRAINED=true is refused.
+    """
+
+    @classmethod
+    def check_config(cls, model_cfg) -> None:
+        cfg = model_cfg.TRUNK.MOBILE_NET
+        if not str(cfg.NAME).startswith("mobilenetv3_"):
+            raise ValueError(f"{CONFIG}.NAME={cfg.NAME!r} is not one of timm's MobileNet-V3 "
+                             "networks (mobilenetv3_large_100, mobilenetv3_small_100, ...)")
+        check_mobilenet_config(model_cfg, names=None)
+
+    def __init__(self, model_cfg):
+        super().__init__(model_cfg)
+        import timm  # imported here: timm adds about half a second to every process
+
+        cfg = model_cfg.TRUNK.MOBILE_NET
+        self.model = timm.create_model(str(cfg.NAME), pretrained=False, num_classes=0)
+        self.trunk_only = bool(cfg.get("TRUNK_ONLY", False))
+        width = self.model.conv_head.in_channels
+        self.stage_dims = {"trunk": width, "trunk_pool": width}
+        if self.trunk_only:
+            self.model.conv_head = self.model.norm_head = self.model.act2 = nn.Identity()
+            self.default_out_feat_key = "trunk"
+        else:
+            self.stage_dims["flatten"] = self.model.conv_head.out_channels
+            self.default_out_feat_key = "flatten"
+
+    def stages(self):
+        raise NotImplementedError("the MobileNet outputs share one pass: "
+                                  "call forward(x, out_feat_keys)")
+
+    def forward(
+        self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None
+    ) -> List[torch.Tensor]:
+        keys = self.check_out_feat_keys(out_feat_keys)
+        feature_map = self.model.forward_features(x)
+        found = {"trunk": feature_map, "trunk_pool": feature_map.mean(dim=(2, 3))}
+        if "flatten" in keys:
+            found["flatten"] = self.model.forward_head(feature_map, pre_logits=True)
         return [found[key] for key in keys]

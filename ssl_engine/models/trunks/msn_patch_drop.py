@@ -13,26 +13,32 @@ so far, a buffer of the trunk: a resumed run replays the drops of an uninterrupt
 two processes with half the batch each drop what one process drops.  Only training forwards
 drop (and count); evaluation and feature extraction see every patch.  ``enabled = False``
 turns it off for good (MSN's target network, a copy of the student, sees whole images).
+
+``global_view_tokens`` (VISSL's name; default: none) limits the drop to the views with exactly
+that many patch tokens, the global views (196 for 224-pixel images in 16-pixel patches): the
+smaller local views keep every patch.  Every training forward still counts as a call.
 """
 from typing import Mapping
 
 import torch
 from torch import nn
 
-PARAMS_KEYS = ("drop_ratio", "seed")
+PARAMS_KEYS = ("drop_ratio", "seed", "global_view_tokens")
 WHERE = "config.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.PARAMS"
 
 
 class PatchDrop(nn.Module):
     """Keeps a random subset of the patch tokens of ``[N, prefix + L, D]`` token tensors."""
 
-    def __init__(self, drop_ratio: float, num_prefix_tokens: int, seed: int = 0):
+    def __init__(self, drop_ratio: float, num_prefix_tokens: int, seed: int = 0,
+                 global_view_tokens: int = 0):
         super().__init__()
         if not 0.0 <= drop_ratio < 1.0:
             raise ValueError(f"{WHERE}.drop_ratio must be in [0, 1), got {drop_ratio}")
         self.drop_ratio = float(drop_ratio)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.seed = int(seed)
+        self.global_view_tokens = int(global_view_tokens or 0)  # 0: every view drops
         self.enabled = True
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
@@ -48,16 +54,20 @@ class PatchDrop(nn.Module):
         call = int(self.calls)
         self.calls += 1
         prefix = self.num_prefix_tokens
+        if self.global_view_tokens and tokens.shape[1] - prefix != self.global_view_tokens:
+            return tokens  # a local view
         kept = self.kept_positions(tokens.shape[1] - prefix, call).to(tokens.device) + prefix
         index = torch.cat([torch.arange(prefix, device=tokens.device), kept])
         return tokens.index_select(1, index)
 
     def extra_repr(self) -> str:
-        return f"drop_ratio={self.drop_ratio}, seed={self.seed}"
+        only = f", global_view_tokens={self.global_view_tokens}" if self.global_view_tokens else ""
+        return f"drop_ratio={self.drop_ratio}, seed={self.seed}{only}"
 
 
 def msn_patch_drop(params: Mapping, num_prefix_tokens: int) -> PatchDrop:
-    """The ``PatchDrop`` of MASKED_IMAGE_MODELING.PARAMS (``drop_ratio``, ``seed``)."""
+    """The ``PatchDrop`` of MASKED_IMAGE_MODELING.PARAMS (``drop_ratio``, ``seed``,
+    ``global_view_tokens``)."""
     unknown = sorted(set(params or {}) - set(PARAMS_KEYS))
     if unknown:
         raise ValueError(f"{WHERE} has unknown key(s) {unknown} for NAME=msn; it takes "
@@ -65,7 +75,8 @@ def msn_patch_drop(params: Mapping, num_prefix_tokens: int) -> PatchDrop:
     params = dict(params or {})
     if "drop_ratio" not in params:
         raise ValueError(f"{WHERE}.drop_ratio is needed for NAME=msn (e.g. 0.7, MSN's ViT-S)")
-    return PatchDrop(float(params["drop_ratio"]), num_prefix_tokens, int(params.get("seed", 0)))
+    return PatchDrop(float(params["drop_ratio"]), num_prefix_tokens, int(params.get("seed", 0)),
+                     int(params.get("global_view_tokens") or 0))
 
 
 def disable_patch_drop(network: nn.Module) -> None:

@@ -13,7 +13,9 @@ Outputs, named as in VISSL (all [N, dim]):
 - ``concatCLS4``: class tokens of the last 4 blocks after the final norm, concatenated (4D;
   DINO's linear-evaluation feature);
 - ``lastPOOL``: mean of the last block's patch tokens after the final norm (D);
-- ``concatPOOL4``: the same mean for each of the last 4 blocks, concatenated (4D).
+- ``concatPOOL4``: the same mean for each of the last 4 blocks, concatenated (4D);
+- ``norm``: ``lastCLS`` under the name of the final norm, which VISSL's DINO trunk-only
+  extraction config (feature_extraction/extract_dino_vit_trunk_only) asks for.
 
 - ``lastBLK``: every token of the last block after the final norm ([N, 1 + L, D] with the
   class token first; VISSL's name), the input of iBOT's and MAE's heads.
@@ -66,6 +68,7 @@ OUTPUTS: Dict[str, Tuple[int, str]] = {
     f"concatCLS{CONCAT_BLOCKS}": (CONCAT_BLOCKS, "CLS"),
     "lastPOOL": (1, "POOL"),
     f"concatPOOL{CONCAT_BLOCKS}": (CONCAT_BLOCKS, "POOL"),
+    "norm": (1, "CLS"),  # VISSL's DINO extraction config's name: lastCLS under another name
 }
 
 
@@ -276,6 +279,7 @@ class VisionTransformerTrunk(StagedTrunk):
         tokens = vit.norm(tokens)
         found = {ALL_TOKENS: tokens, "lastCLS": tokens[:, 0] if prefix else None,
                  "lastPOOL": tokens[:, prefix:].mean(dim=1)}
+        found["norm"] = found["lastCLS"]
         return [found[key] for key in keys]
 
     def _check_mask(self, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -67,8 +67,10 @@ def forward_loss_and_meters(task, batch) -> torch.Tensor:
     task.metrics.put("loss", task.last_loss)
     task.metrics.put("loss_terms", loss_terms(task.loss))
     with torch.no_grad():
+        # METERS.model_output_mask: the meters may read only some classes of the output
+        meter_output = task.meter_output(task.last_model_output) if task.meters else None
         for meter in task.meters:
-            meter.update(task.last_model_output, batch["target"])
+            meter.update(meter_output, batch["target"])
     task.run_hook(Event.on_loss_and_meter)
     return loss
 
