@@ -10,36 +10,20 @@ iteration: ``iter <i> <ms>``.
     python benchmarks/bare_mae_loop.py [--iters 25] [--batch 8] [--workers 0] [--vit s16|b16]
         [--bf16]
 """
-import argparse
-import time
-
-import numpy as np
 import torch
 import torch.nn as nn
 import torchvision.transforms as T
-from PIL import Image
 from timm.models.vision_transformer import Block, VisionTransformer
+
+from bare_loop import SyntheticImages, parse_arguments, timed_loop
 
 SIZES = {"s16": (384, 12, 6), "b16": (768, 12, 12)}  # width, blocks, heads
 PATCH, RATIO, DECODER = 16, 0.75, (512, 8, 16)
 
 
-class SyntheticImages(torch.utils.data.Dataset):
-    """Image i: uniform noise from ``default_rng([0, i])`` (the engine's synthetic source)."""
-
-    def __init__(self, count: int, size: int):
-        self.count, self.size = count, size
-        self.augment = T.Compose([
-            T.RandomResizedCrop(224, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
-            T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int):
-        rng = np.random.default_rng([0, index])
-        image = Image.fromarray(rng.integers(0, 256, (self.size, self.size, 3), dtype=np.uint8))
-        return self.augment(image)
+AUGMENT = T.Compose([
+    T.RandomResizedCrop(224, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
+    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
 
 
 class MAE(nn.Module):
@@ -85,23 +69,15 @@ def patch_pixels(images):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=25)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--vit", choices=list(SIZES), default="b16")
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast of the forward")
-    args = parser.parse_args(argv)
+    args = parse_arguments(__doc__, argv, lambda parser: parser.add_argument(
+        "--vit", choices=list(SIZES), default="b16"))
     torch.manual_seed(0)
     model = MAE(args.vit)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=1.5e-4, betas=(0.9, 0.95), weight_decay=0.05)
-    loader = torch.utils.data.DataLoader(
-        SyntheticImages(args.batch * args.iters, 256), batch_size=args.batch, shuffle=True,
-        num_workers=args.workers, drop_last=True)
     model.train()
-    start = time.perf_counter()
-    for iteration, images in enumerate(loader, 1):
+
+    def step(images):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             prediction, mask = model(images)
         error = ((prediction.float() - patch_pixels(images)) ** 2).mean(-1)
@@ -109,9 +85,8 @@ def main(argv=None) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        now = time.perf_counter()
-        print(f"iter {iteration} {(now - start) * 1e3:.1f}", flush=True)
-        start = now
+
+    timed_loop(args, SyntheticImages(args.batch * args.iters, 256, AUGMENT), step)
 
 
 if __name__ == "__main__":

@@ -10,37 +10,25 @@ line per iteration: ``iter <i> <ms>``.
     python benchmarks/bare_simclr_loop.py [--iters 25] [--batch 8] [--workers 0] [--depth 50|18]
         [--bf16] [--channels-last]
 """
-import argparse
-import time
-
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 import torchvision.transforms as T
-from PIL import Image
+
+from bare_loop import SyntheticImages, parse_arguments, timed_loop
 
 
-class SyntheticPairs(torch.utils.data.Dataset):
-    """Image i: uniform noise from ``default_rng([0, i])`` (the engine's synthetic source), two
-    augmented views."""
+class TwoViews:
+    """The SimCLR augmentation, applied twice to each image."""
 
-    def __init__(self, count: int, size: int):
-        self.count, self.size = count, size
-        jitter = T.ColorJitter(0.8, 0.8, 0.8, 0.2)
-        self.augment = T.Compose([
-            T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
-            T.RandomApply([jitter], p=0.8), T.RandomGrayscale(p=0.2), T.ToTensor(),
-            T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-        ])
+    augment = T.Compose([
+        T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+        T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), T.RandomGrayscale(p=0.2),
+        T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
 
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int):
-        rng = np.random.default_rng([0, index])
-        image = Image.fromarray(rng.integers(0, 256, (self.size, self.size, 3), dtype=np.uint8))
+    def __call__(self, image):
         return self.augment(image), self.augment(image)
 
 
@@ -54,14 +42,11 @@ def info_nce(z: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=25)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--depth", type=int, choices=[18, 50], default=50)
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast of the forward")
-    parser.add_argument("--channels-last", action="store_true")
-    args = parser.parse_args(argv)
+    def add(parser):
+        parser.add_argument("--depth", type=int, choices=[18, 50], default=50)
+        parser.add_argument("--channels-last", action="store_true")
+
+    args = parse_arguments(__doc__, argv, add)
     torch.manual_seed(0)
     model = getattr(torchvision.models, f"resnet{args.depth}")()
     width = model.fc.in_features
@@ -69,22 +54,18 @@ def main(argv=None) -> None:
     layout = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9, weight_decay=1e-6)
-    loader = torch.utils.data.DataLoader(
-        SyntheticPairs(args.batch * args.iters, 256), batch_size=args.batch, shuffle=True,
-        num_workers=args.workers, drop_last=True)
     model.train()
-    start = time.perf_counter()
-    for iteration, (first, second) in enumerate(loader, 1):
-        images = torch.cat([first, second]).contiguous(memory_format=layout)
+
+    def step(views):
+        images = torch.cat(views).contiguous(memory_format=layout)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             embeddings = model(images)
         loss = info_nce(embeddings.float())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        now = time.perf_counter()
-        print(f"iter {iteration} {(now - start) * 1e3:.1f}", flush=True)
-        start = now
+
+    timed_loop(args, SyntheticImages(args.batch * args.iters, 256, TwoViews()), step)
 
 
 if __name__ == "__main__":

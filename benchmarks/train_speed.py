@@ -18,6 +18,13 @@ Workloads:
   (configs/config/benchmark/mae_vit_synthetic.yaml), against benchmarks/bare_mae_loop.py
   (timm's VisionTransformer and Blocks, eager) in float32 and in bfloat16 autocast (its
   "bare bf16 + channels_last" row: channels_last is not applied to a ViT).
+- ``dino_vit_s16`` / ``dino_vit_b16``: DINO multi-crop, the shipped recipe
+  configs/config/pretrain/dino/dino_vit_s16.yaml (ViT-S/16; ViT-B/16 by overrides of width,
+  heads and head input) on synthetic 256x256 images: 2 global crops of 224 and 10 local crops
+  of 96 per image, the DINO head of 65536 outputs, the teacher by EMA, batch 8 (one process
+  on the CPU, the recipe's fp16 AMP replaced by the variant's precision), against
+  benchmarks/bare_dino_loop.py (timm's VisionTransformer, the head and loss written out,
+  eager) in float32 and in bfloat16 autocast.
 - ``quickstart``: the SimCLR quickstart (half-width ResNet-18 on 16x16 digits, batch 128),
   its speed settings switched off for the fp32 variant; no bare loop builds that model, so its
   ratios are to the engine in fp32 eager.
@@ -29,10 +36,14 @@ Per variant: the median time per iteration after the first ``--warmup`` iteratio
 loading included) over every round, its ratio to the bare loop of the same precision and to
 bare fp32, and the start-up time (launch to the first iteration's log line; the first
 iteration included); then, per engine variant, the step's parts from HOOKS.PERF_STATS (the
-last round's metrics.json).
+last round's metrics.json) and the share of the step spent outside the model: data (the wait
+for the batch), loss, optimizer (clipping, update, schedules) and other, over the total.  The
+hooks part is not counted in it: with a teacher (DINO) it holds the teacher's forward pass
+and its EMA update, model work, beside logging and the other hooks' bookkeeping.
 
     python benchmarks/train_speed.py
-        [--workload resnet50|resnet18|mae_vit_b16|mae_vit_s16|quickstart] [--rounds 2] [--iters 20]
+        [--workload resnet50|resnet18|mae_vit_b16|mae_vit_s16|dino_vit_s16|dino_vit_b16|quickstart]
+        [--rounds 2] [--iters 20]
         [--workers N] [--variants ...] [config.A.B=v ...]
 """
 import argparse
@@ -49,12 +60,21 @@ AMP = "config.MODEL.AMP_PARAMS.USE_AMP=true"
 CL = "config.MODEL.CHANNELS_LAST=true"
 COMPILE = "config.MODEL.COMPILE.USE_COMPILE=true"
 DEPTHS = {"resnet50": 50, "resnet18": 18}  # the SimCLR workloads with a bare loop
-MAE_VITS = {"mae_vit_b16": "b16", "mae_vit_s16": "s16"}  # the MAE workloads with a bare loop
+# the ViT workloads: their bare loop and its --vit
+VITS = {"mae_vit_b16": ("bare_mae_loop.py", "b16"), "mae_vit_s16": ("bare_mae_loop.py", "s16"),
+        "dino_vit_s16": ("bare_dino_loop.py", "s16"), "dino_vit_b16": ("bare_dino_loop.py", "b16")}
 VIT_S16 = ["config.MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=384",
            "config.MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=6",
            "config.MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=1536",
            "config.MODEL.HEAD.PARAMS=[[mae_decoder,{in_dim:384,patch_size:16,decoder_dim:512,"
            "depth:8,num_heads:16}]]"]
+DINO_B16 = ["config.MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=768",
+            "config.MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=12",
+            "config.MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=3072",
+            "config.MODEL.HEAD.PARAMS=[[dino_head,{in_dim:768,num_clusters:[65536],"
+            "normalize_last_layer:false,num_layers:3,hidden_dim:2048,bottleneck_dim:256}]]"]
+# the step's parts outside the model (the hooks part holds a teacher's forward pass)
+OUTSIDE_MODEL = ("data", "loss", "optimizer", "other")
 BARE = {"bare fp32": [], "bare bf16 + channels_last": ["--bf16", "--channels-last"]}
 VARIANTS = {
     "engine fp32": [],
@@ -91,11 +111,12 @@ def reference_of(name: str) -> str:
 
 
 def run_bare(args, name: str):
-    if args.workload in MAE_VITS:  # a ViT: bfloat16 without channels_last
+    if args.workload in VITS:  # a ViT: bfloat16 without channels_last
         flags = ["--bf16"] if "--bf16" in BARE[name] else []
-        command = [sys.executable, "benchmarks/bare_mae_loop.py", f"--iters={args.iters}",
-                   f"--batch={args.batch}", f"--workers={args.bare_workers}",
-                   f"--vit={MAE_VITS[args.workload]}", *flags]
+        script, vit = VITS[args.workload]
+        command = [sys.executable, f"benchmarks/{script}", f"--iters={args.iters}",
+                   f"--batch={args.batch}", f"--workers={args.bare_workers}", f"--vit={vit}",
+                   *flags]
     else:
         command = [sys.executable, "benchmarks/bare_simclr_loop.py", f"--iters={args.iters}",
                    f"--batch={args.batch}", f"--workers={args.bare_workers}",
@@ -116,7 +137,16 @@ def quickstart_steps() -> tuple:
 
 
 def engine_command(args, overrides, folder: Path):
-    if args.workload in MAE_VITS:
+    if args.workload.startswith("dino"):
+        base = ["config=pretrain/dino/dino_vit_s16", "config.DATA.TRAIN.DATA_SOURCES=[synthetic]",
+                'config.DATA.TRAIN.DATA_PATHS=[""]', "config.DATA.TRAIN.SYNTHETIC.IMAGE_SIZE=256",
+                f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
+                f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={args.batch * args.iters}",
+                "config.MACHINE.DEVICE=cpu", "config.DISTRIBUTED.NUM_NODES=1",
+                "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", "config.DISTRIBUTED.BACKEND=gloo",
+                "config.MODEL.AMP_PARAMS.USE_AMP=false", "config.OPTIMIZER.num_epochs=1",
+                *(DINO_B16 if args.workload == "dino_vit_b16" else [])]
+    elif args.workload in VITS:
         base = ["config=benchmark/mae_vit_synthetic",
                 f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
                 f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={args.batch * args.iters}",
@@ -154,7 +184,7 @@ def run_engine(args, overrides, folder: Path):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=[*DEPTHS, *MAE_VITS, "quickstart"],
+    parser.add_argument("--workload", choices=[*DEPTHS, *VITS, "quickstart"],
                         default="resnet50")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20)
@@ -168,9 +198,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.bare_workers = args.workers if args.workers is not None else auto_workers()
     args.images_per_step, args.steps_per_epoch = (
-        (args.batch, args.iters) if args.workload in {**DEPTHS, **MAE_VITS}
+        (args.batch, args.iters) if args.workload in {**DEPTHS, **VITS}
         else quickstart_steps())
-    bare = [name for name in BARE if args.workload in {**DEPTHS, **MAE_VITS} and
+    bare = [name for name in BARE if args.workload in {**DEPTHS, **VITS} and
             any(reference_of(variant) == name for variant in args.variants)]
     names = bare + args.variants
     times = {name: [] for name in names}
@@ -212,9 +242,14 @@ def main(argv=None) -> int:
                   f"{statistics.median(startups[name]):>12.1f}")
     if parts:
         print("\nthe engine's step, mean ms per training iteration of the last round "
-              "(HOOKS.PERF_STATS; the first iterations included)")
+              "(HOOKS.PERF_STATS; the first iterations included); outside the model: "
+              f"{' + '.join(OUTSIDE_MODEL)} over the total (hooks apart: a teacher's forward "
+              "pass and EMA update run in them)")
         for name, means in parts.items():
-            print(f"{name:<32}" + ", ".join(f"{part} {value:.0f}" for part, value in means.items()))
+            outside = sum(means.get(part, 0.0) for part in OUTSIDE_MODEL)
+            print(f"{name:<32}" + ", ".join(f"{part} {value:.0f}" for part, value in means.items())
+                  + f"; outside the model {100 * outside / means['total']:.1f}%, hooks "
+                  f"{100 * means.get('hooks', 0.0) / means['total']:.1f}%")
     return 0
 
 

@@ -150,3 +150,21 @@ def test_train_step_overhead_times_the_trainers_phase_loop(load_benchmark, capsy
     bare, engine = row_numbers(out, "bare "), row_numbers(out, "engine ")
     assert len(bare) == len(engine) == 2 and min(bare + engine) > 0
     assert re.search(rf"engine/bare ratio: median {NUMBER}, best round {NUMBER}", out)
+
+
+def test_bare_dino_loop_trains_a_tiny_vit_multicrop(load_benchmark, capsys):
+    dino = load_benchmark("bare_dino_loop")
+    dino.main(["--vit", "tiny", "--sizes", "32", "16", "--local-crops", "2", "--out-dim", "32",
+               "--iters", "2", "--batch", "2", "--bf16"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [["iter", "1"], ["iter", "2"]]
+    assert all(float(line.split()[2]) > 0 for line in lines)
+    # its loss against lightly's DINOLoss (teacher temperature 0.04, the same center)
+    from lightly.loss import DINOLoss
+
+    generator = torch.Generator().manual_seed(0)
+    teacher, student, center = (torch.randn(rows, 32, generator=generator) for rows in (6, 12, 1))
+    oracle = DINOLoss(output_dim=32, warmup_teacher_temp=0.04, teacher_temp=0.04)
+    oracle.center.copy_(center.view(1, 1, 32))
+    expected = oracle(list(teacher.chunk(2)), list(student.chunk(4)))
+    assert dino.dino_loss(student, teacher, center, 2, 4) == pytest.approx(float(expected))
