@@ -145,9 +145,11 @@ def test_train_speed_on_gpu_runs_the_engine_on_one_gpu_in_bfloat16(load_benchmar
     speed = load_benchmark("train_speed")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    args = speed.argparse.Namespace(workload="dino_vit_b16", batch=4, iters=3, workers=8,
-                                    device="gpu")
-    for variant, dtype in (("engine fp32", None), ("bf16 autocast", torch.bfloat16)):
+    for workload, variant, dtype in (("dino_vit_b16", "engine fp32", None),
+                                     ("dino_vit_b16", "bf16 autocast", torch.bfloat16),
+                                     ("mae_vit_b16", "bf16 autocast", torch.bfloat16)):
+        args = speed.argparse.Namespace(workload=workload, batch=4, iters=3, workers=8,
+                                        device="gpu")
         command = speed.engine_command(args, speed.VARIANTS[variant], tmp_path)
         _, cfg = load_config(command[2:])  # after python and tools/run_distributed_engines.py
         assert (cfg.MACHINE.DEVICE, cfg.DISTRIBUTED.BACKEND) == ("gpu", "nccl")
