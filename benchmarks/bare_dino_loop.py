@@ -11,10 +11,11 @@ recipe's first epoch); the teacher, a copy without stochastic depth updated by E
 without weight decay on biases and norms, gradients clipped to a total norm of 3.  The
 schedules (lr, weight decay, teacher temperature) stay at their first values: their cost is
 a few scalar writes.  Eager; float32 by default, ``--bf16``: the forward passes under
-bfloat16 autocast (the loss in float32).  Prints one line per iteration: ``iter <i> <ms>``.
+bfloat16 autocast (the loss in float32); ``--device gpu``: on the GPU.  Prints one line per
+iteration: ``iter <i> <ms>``.
 
     python benchmarks/bare_dino_loop.py [--iters 25] [--batch 8] [--workers 0] [--vit s16|b16]
-        [--bf16] [--local-crops 10] [--sizes 224 96] [--out-dim 65536]
+        [--bf16] [--device cpu|gpu] [--local-crops 10] [--sizes 224 96] [--out-dim 65536]
 
 (``--vit tiny`` and the size options are for the tests.)
 """
@@ -113,7 +114,7 @@ def main(argv=None) -> None:
 
     args = parse_arguments(__doc__, argv, add)
     torch.manual_seed(0)
-    student = Network(args.vit, args.out_dim, args.sizes[0], DROP_PATH)
+    student = Network(args.vit, args.out_dim, args.sizes[0], DROP_PATH).to(args.device)
     teacher = copy.deepcopy(student)
     for module in teacher.modules():  # no stochastic depth in the teacher
         if hasattr(module, "drop_prob"):
@@ -125,7 +126,7 @@ def main(argv=None) -> None:
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=5e-4 * args.batch / 256)
     frozen = (student.head.v, student.head.g)  # the recipe's first epoch
-    center = torch.zeros(1, args.out_dim)
+    center = torch.zeros(1, args.out_dim, device=args.device)
     crops, total_steps = 2 + args.local_crops, args.iters
     student.train()
     teacher.train()
@@ -133,7 +134,7 @@ def main(argv=None) -> None:
 
     def step(views):
         groups = [views[:2], views[2:]] if args.local_crops else [views]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(args.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             student_out = student(groups)
             with torch.no_grad():
                 teacher_out = teacher([groups[0]])

@@ -4,11 +4,12 @@ VisionTransformer (ViT-S/16 or ViT-B/16) on the same synthetic images and augmen
 configs/config/benchmark/mae_vit_synthetic.yaml: 75% of the patches masked per image, the
 encoder on the visible ones, a decoder of timm Blocks (width 512, 8 blocks, 16 heads), the
 mean squared error of the normalised pixels of the masked patches, AdamW (0.9, 0.95).  Eager;
-float32 by default, ``--bf16``: the forward pass under bfloat16 autocast.  Prints one line per
+float32 by default, ``--bf16``: the forward pass under bfloat16 autocast; ``--device gpu``:
+on the GPU.  Prints one line per
 iteration: ``iter <i> <ms>``.
 
     python benchmarks/bare_mae_loop.py [--iters 25] [--batch 8] [--workers 0] [--vit s16|b16]
-        [--bf16]
+        [--bf16] [--device cpu|gpu]
 """
 import torch
 import torch.nn as nn
@@ -47,7 +48,7 @@ class MAE(nn.Module):
         enc = self.encoder
         tokens = enc.patch_embed(images) + enc.pos_embed[:, 1:]
         keep = int(tokens.shape[1] * (1 - RATIO))
-        order = torch.rand(n, tokens.shape[1]).argsort(dim=1)
+        order = torch.rand(n, tokens.shape[1], device=images.device).argsort(dim=1)
         restore = order.argsort(dim=1)
         visible = tokens.gather(1, order[:, :keep, None].expand(-1, -1, tokens.shape[2]))
         cls = (enc.cls_token + enc.pos_embed[:, :1]).expand(n, -1, -1)
@@ -57,7 +58,8 @@ class MAE(nn.Module):
         patches = torch.cat([x[:, 1:], masked], dim=1)
         patches = patches.gather(1, restore[:, :, None].expand(-1, -1, patches.shape[2]))
         x = self.blocks(torch.cat([x[:, :1], patches], dim=1) + self.decoder_pos)
-        mask = torch.ones(n, tokens.shape[1]).scatter(1, order[:, :keep], 0.0)
+        mask = torch.ones(n, tokens.shape[1], device=images.device).scatter(
+            1, order[:, :keep], 0.0)
         return self.predict(self.norm(x))[:, 1:], mask
 
 
@@ -72,13 +74,13 @@ def main(argv=None) -> None:
     args = parse_arguments(__doc__, argv, lambda parser: parser.add_argument(
         "--vit", choices=list(SIZES), default="b16"))
     torch.manual_seed(0)
-    model = MAE(args.vit)
+    model = MAE(args.vit).to(args.device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=1.5e-4, betas=(0.9, 0.95), weight_decay=0.05)
     model.train()
 
     def step(images):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(args.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             prediction, mask = model(images)
         error = ((prediction.float() - patch_pixels(images)) ** 2).mean(-1)
         loss = (error * mask).sum() / mask.sum()

@@ -4,11 +4,11 @@ ResNet-50 (or -18) on the same synthetic images and augmentations as
 configs/config/benchmark/simclr_resnet50_synthetic.yaml, eager, nothing but torch,
 torchvision, numpy and PIL imported.  float32 by default; ``--bf16 --channels-last`` is the
 reference of the engine's fast settings: the model's forward pass under bfloat16 autocast (the
-loss in float32) and the weights and images in the channels_last memory format.  Prints one
-line per iteration: ``iter <i> <ms>``.
+loss in float32) and the weights and images in the channels_last memory format; ``--device
+gpu``: on the GPU.  Prints one line per iteration: ``iter <i> <ms>``.
 
     python benchmarks/bare_simclr_loop.py [--iters 25] [--batch 8] [--workers 0] [--depth 50|18]
-        [--bf16] [--channels-last]
+        [--bf16] [--channels-last] [--device cpu|gpu]
 """
 import torch
 import torch.nn as nn
@@ -37,7 +37,7 @@ def info_nce(z: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
     n = z.shape[0] // 2
     logits = z @ z.t() / temperature
     logits.fill_diagonal_(float("-inf"))
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
     return F.cross_entropy(logits, targets)
 
 
@@ -52,13 +52,13 @@ def main(argv=None) -> None:
     width = model.fc.in_features
     model.fc = nn.Sequential(nn.Linear(width, 2048), nn.ReLU(inplace=True), nn.Linear(2048, 128))
     layout = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = model.to(memory_format=layout)
+    model = model.to(args.device, memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9, weight_decay=1e-6)
     model.train()
 
     def step(views):
         images = torch.cat(views).contiguous(memory_format=layout)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(args.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             embeddings = model(images)
         loss = info_nce(embeddings.float())
         optimizer.zero_grad()

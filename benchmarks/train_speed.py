@@ -30,7 +30,17 @@ Workloads:
   ratios are to the engine in fp32 eager.
 
 The bare loops and the engine load data with the same number of worker processes: the
-engine's own choice (``NUM_DATALOADER_WORKERS=auto``) unless ``--workers`` sets both.
+engine's own choice (``NUM_DATALOADER_WORKERS=auto``) unless ``--workers`` sets both (on a GPU
+8 unless ``--workers`` says otherwise).
+
+``--device gpu``: one process on the current GPU.  The engine runs with
+``MACHINE.DEVICE=gpu`` and one process (nccl), its "bf16 autocast" variants with
+``AMP_ARGS.dtype=bfloat16`` (a GPU's default is float16); the bare loops put model and
+batches on the GPU (pinned batches, copies that do not block) and read the clock after
+``torch.cuda.synchronize()``.  The engine's per-iteration times come from its log records
+(LOG_FREQUENCY=1): each record is written after the step's metrics are read back from the
+GPU, which waits for all of the step's queued work, so they are synchronised alike; its
+HOOKS.PERF_STATS parts synchronise the GPU at each part's end on a GPU.
 
 Per variant: the median time per iteration after the first ``--warmup`` iterations (data
 loading included) over every round, its ratio to the bare loop of the same precision and to
@@ -44,7 +54,7 @@ and its EMA update, model work, beside logging and the other hooks' bookkeeping.
     python benchmarks/train_speed.py
         [--workload resnet50|resnet18|mae_vit_b16|mae_vit_s16|dino_vit_s16|dino_vit_b16|quickstart]
         [--rounds 2] [--iters 20]
-        [--workers N] [--variants ...] [config.A.B=v ...]
+        [--workers N] [--device cpu|gpu] [--variants ...] [config.A.B=v ...]
 """
 import argparse
 import json
@@ -59,6 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 AMP = "config.MODEL.AMP_PARAMS.USE_AMP=true"
 CL = "config.MODEL.CHANNELS_LAST=true"
 COMPILE = "config.MODEL.COMPILE.USE_COMPILE=true"
+BF16 = "+config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=bfloat16"  # on a GPU (its default: float16)
 DEPTHS = {"resnet50": 50, "resnet18": 18}  # the SimCLR workloads with a bare loop
 # the ViT workloads: their bare loop and its --vit
 VITS = {"mae_vit_b16": ("bare_mae_loop.py", "b16"), "mae_vit_s16": ("bare_mae_loop.py", "s16"),
@@ -116,11 +127,11 @@ def run_bare(args, name: str):
         script, vit = VITS[args.workload]
         command = [sys.executable, f"benchmarks/{script}", f"--iters={args.iters}",
                    f"--batch={args.batch}", f"--workers={args.bare_workers}", f"--vit={vit}",
-                   *flags]
+                   f"--device={args.device}", *flags]
     else:
         command = [sys.executable, "benchmarks/bare_simclr_loop.py", f"--iters={args.iters}",
                    f"--batch={args.batch}", f"--workers={args.bare_workers}",
-                   f"--depth={DEPTHS[args.workload]}", *BARE[name]]
+                   f"--depth={DEPTHS[args.workload]}", f"--device={args.device}", *BARE[name]]
     startup, lines = timed_process(command, "iter 1 ")
     times = [float(line.split()[2]) for line in lines if line.startswith("iter ")]
     return startup, times
@@ -142,8 +153,7 @@ def engine_command(args, overrides, folder: Path):
                 'config.DATA.TRAIN.DATA_PATHS=[""]', "config.DATA.TRAIN.SYNTHETIC.IMAGE_SIZE=256",
                 f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
                 f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={args.batch * args.iters}",
-                "config.MACHINE.DEVICE=cpu", "config.DISTRIBUTED.NUM_NODES=1",
-                "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", "config.DISTRIBUTED.BACKEND=gloo",
+                "config.DISTRIBUTED.NUM_NODES=1", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
                 "config.MODEL.AMP_PARAMS.USE_AMP=false", "config.OPTIMIZER.num_epochs=1",
                 *(DINO_B16 if args.workload == "dino_vit_b16" else [])]
     elif args.workload in VITS:
@@ -166,6 +176,11 @@ def engine_command(args, overrides, folder: Path):
                 f"config.OPTIMIZER.num_epochs={-(-args.iters // args.steps_per_epoch)}"]
     if args.workers is not None:
         base.append(f"config.DATA.NUM_DATALOADER_WORKERS={args.workers}")
+    on_gpu = args.device == "gpu"
+    base += [f"config.MACHINE.DEVICE={args.device}",
+             f"config.DISTRIBUTED.BACKEND={'nccl' if on_gpu else 'gloo'}"]
+    if on_gpu and AMP in overrides:  # the variant's bfloat16, not the GPU's float16 default
+        overrides = [*overrides, BF16]
     return [sys.executable, "tools/run_distributed_engines.py", *base,
             f"config.CHECKPOINT.DIR={folder}", "config.CHECKPOINT.AUTO_RESUME=false",
             "config.CHECKPOINT.CHECKPOINT_FREQUENCY=1000", "config.LOG_FREQUENCY=1",
@@ -192,10 +207,14 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=None,
                         help="data-loading workers of every variant (default: the engine's "
-                        "auto choice for this machine, given to the bare loops too)")
+                        "auto choice for this machine, given to the bare loops too; 8 on gpu)")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                        help="gpu: one process on the current GPU, both sides")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("overrides", nargs="*", help="config.A.B=v for every engine variant")
     args = parser.parse_args(argv)
+    if args.device == "gpu" and args.workers is None:
+        args.workers = 8
     args.bare_workers = args.workers if args.workers is not None else auto_workers()
     args.images_per_step, args.steps_per_epoch = (
         (args.batch, args.iters) if args.workload in {**DEPTHS, **VITS}
@@ -222,7 +241,8 @@ def main(argv=None) -> int:
                       f"{startup:.1f} s", flush=True)
     workers = (f"{args.workers}" if args.workers is not None
                else f"auto ({args.bare_workers} on this machine)")
-    print(f"\n{args.workload}: median ms/iteration after {args.warmup} warm-up iterations, "
+    print(f"\n{args.workload} on {args.device}: median ms/iteration after {args.warmup} "
+          "warm-up iterations, "
           f"{args.rounds} round(s) of {args.iters} iterations; data-loading workers: {workers} "
           "for every variant")
     ms = {name: statistics.median(times[name]) for name in names}

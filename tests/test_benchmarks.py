@@ -135,6 +135,29 @@ def test_train_speed_compares_the_engine_with_the_bare_loop(load_benchmark, caps
         assert re.search(rf"\b{part} \d+", parts), parts
 
 
+def test_train_speed_on_gpu_runs_the_engine_on_one_gpu_in_bfloat16(load_benchmark, monkeypatch,
+                                                                   tmp_path):
+    """``--device gpu``'s engine command composes to a one-GPU run (CUDA faked: the config's
+    checks only count the GPUs), its bf16 variant in bfloat16, not the GPU's float16."""
+    from ssl_engine.config import load_config
+    from ssl_engine.trainer.amp import amp_dtype
+
+    speed = load_benchmark("train_speed")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for workload, variant, dtype in (("dino_vit_b16", "engine fp32", None),
+                                     ("dino_vit_b16", "bf16 autocast", torch.bfloat16),
+                                     ("mae_vit_b16", "bf16 autocast", torch.bfloat16)):
+        args = speed.argparse.Namespace(workload=workload, batch=4, iters=3, workers=8,
+                                        device="gpu")
+        command = speed.engine_command(args, speed.VARIANTS[variant], tmp_path)
+        _, cfg = load_config(command[2:])  # after python and tools/run_distributed_engines.py
+        assert (cfg.MACHINE.DEVICE, cfg.DISTRIBUTED.BACKEND) == ("gpu", "nccl")
+        assert (cfg.DISTRIBUTED.NUM_PROC_PER_NODE, cfg.DATA.NUM_DATALOADER_WORKERS) == (1, 8)
+        assert cfg.MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM == 768
+        assert amp_dtype(cfg.MODEL.AMP_PARAMS, "cuda") == dtype
+
+
 def test_bare_loop_runs_in_bf16_with_channels_last(load_benchmark, capsys):
     load_benchmark("bare_simclr_loop").main(["--depth", "18", "--iters", "2", "--batch", "2",
                                              "--bf16", "--channels-last"])

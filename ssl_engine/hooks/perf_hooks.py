@@ -87,6 +87,12 @@ def format_ms(means: Dict[str, float]) -> str:
     return ", ".join(f"{part} {ms:.1f} ms" for part, ms in means.items())
 
 
+def _synchronize(task) -> None:
+    device = getattr(task, "device", None)
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class PerfStatsHook(SSLHook):
     """Where the time of a step goes (STEP_PARTS), measured with two clock reads per event.
 
@@ -111,7 +117,10 @@ class PerfStatsHook(SSLHook):
 
     def _mark(self, task, part: str, data_seconds: float = 0.0) -> None:
         """Ends ``part`` now: the time since the last mark, less the hooks' and the data's
-        time in it, which go to their own parts."""
+        time in it, which go to their own parts.  On a GPU the part ends when the GPU has run
+        the work queued in it (else a part would count its kernel launches only, and the
+        wait for them would fall in whichever part reads a result back first)."""
+        _synchronize(task)
         now, hook_seconds = time.perf_counter(), task.hook_seconds
         hooks = hook_seconds - self._hook_seconds
         own = now - self._last - hooks - data_seconds
@@ -123,6 +132,7 @@ class PerfStatsHook(SSLHook):
 
     def on_phase_start(self, task) -> None:
         self.phase = StepTimes()
+        _synchronize(task)
         self._last = self._step_start = time.perf_counter()
         self._hook_seconds = task.hook_seconds
 
