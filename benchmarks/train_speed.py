@@ -39,8 +39,9 @@ engine's own choice (``NUM_DATALOADER_WORKERS=auto``) unless ``--workers`` sets 
 batches on the GPU (pinned batches, copies that do not block) and read the clock after
 ``torch.cuda.synchronize()``.  The engine's per-iteration times come from its log records
 (LOG_FREQUENCY=1): each record is written after the step's metrics are read back from the
-GPU, which waits for all of the step's queued work, so they are synchronised alike; its
-HOOKS.PERF_STATS parts synchronise the GPU at each part's end on a GPU.
+GPU, which waits for all of the step's queued work, so they are synchronised alike; the
+engine runs with HOOKS.PERF_STATS.SYNCHRONIZE_GPU=true, so that its parts count the GPU's
+work (five waits a step, which the engine's ms/iteration include and the bare loop's do not).
 
 Per variant: the median time per iteration after the first ``--warmup`` iterations (data
 loading included) over every round, its ratio to the bare loop of the same precision and to
@@ -179,6 +180,8 @@ def engine_command(args, overrides, folder: Path):
     on_gpu = args.device == "gpu"
     base += [f"config.MACHINE.DEVICE={args.device}",
              f"config.DISTRIBUTED.BACKEND={'nccl' if on_gpu else 'gloo'}"]
+    if on_gpu:  # each part of the step counts the GPU's work queued in it
+        base.append("config.HOOKS.PERF_STATS.SYNCHRONIZE_GPU=true")
     if on_gpu and AMP in overrides:  # the variant's bfloat16, not the GPU's float16 default
         overrides = [*overrides, BF16]
     return [sys.executable, "tools/run_distributed_engines.py", *base,

@@ -106,8 +106,10 @@ class PerfStatsHook(SSLHook):
     Put it first among the hooks, so that the other hooks of an event are counted as hooks
     time of that event."""
 
-    def __init__(self, output_dir: str, frequency: int = -1, rolling_window: int = -1):
+    def __init__(self, output_dir: str, frequency: int = -1, rolling_window: int = -1,
+                 synchronize_gpu: bool = False):
         self.output_dir = output_dir
+        self.synchronize_gpu = bool(synchronize_gpu)
         self.frequency, self.rolling_window = int(frequency), int(rolling_window)
         self.phase = StepTimes()
         self.run = StepTimes()  # the training steps of the whole run
@@ -117,10 +119,12 @@ class PerfStatsHook(SSLHook):
 
     def _mark(self, task, part: str, data_seconds: float = 0.0) -> None:
         """Ends ``part`` now: the time since the last mark, less the hooks' and the data's
-        time in it, which go to their own parts.  On a GPU the part ends when the GPU has run
-        the work queued in it (else a part would count its kernel launches only, and the
-        wait for them would fall in whichever part reads a result back first)."""
-        _synchronize(task)
+        time in it, which go to their own parts.  On a GPU with ``synchronize_gpu`` the part
+        ends when the GPU has run the work queued in it; without, a part counts its kernel
+        launches only, and the wait for them falls in whichever part reads a result back
+        first (waiting at every part would stop the CPU from running ahead of the GPU)."""
+        if self.synchronize_gpu:
+            _synchronize(task)
         now, hook_seconds = time.perf_counter(), task.hook_seconds
         hooks = hook_seconds - self._hook_seconds
         own = now - self._last - hooks - data_seconds
@@ -132,7 +136,8 @@ class PerfStatsHook(SSLHook):
 
     def on_phase_start(self, task) -> None:
         self.phase = StepTimes()
-        _synchronize(task)
+        if self.synchronize_gpu:
+            _synchronize(task)
         self._last = self._step_start = time.perf_counter()
         self._hook_seconds = task.hook_seconds
 

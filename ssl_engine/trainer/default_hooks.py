@@ -30,7 +30,7 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     perf = cfg.HOOKS.PERF_STATS
     if perf.MONITOR_PERF_STATS or perf.ROLLING_BTIME_FREQ > 0:  # first: it times the others
         hooks.append(PerfStatsHook(cfg.CHECKPOINT.DIR, perf.PERF_STAT_FREQUENCY,
-                                   perf.ROLLING_BTIME_FREQ))
+                                   perf.ROLLING_BTIME_FREQ, perf.SYNCHRONIZE_GPU))
     hooks.append(LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR))
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,
