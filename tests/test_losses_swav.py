@@ -44,6 +44,24 @@ def test_sinkhorn_matches_lightly_and_balances_prototypes():
     assert distributed_sinkhorn(scores, use_double_precision=True).dtype == torch.float64
 
 
+def far_sample_scores() -> torch.Tensor:
+    """Cosines of 8 samples near their prototypes and one far from all of them."""
+    near = torch.eye(K)[:8] * 1.8 - 0.9 + randn(8, K, seed=5) * 0.01
+    return torch.cat([near, torch.full((1, K), -0.2)]).clamp(-1, 1)
+
+
+def test_sinkhorn_at_a_low_epsilon_survives_a_sample_far_from_every_prototype():
+    # DINOv2's centering at a teacher temperature of 0.01: exp((score - best) / 0.01) of the
+    # far sample underflows float32 for every prototype, and plain Sinkhorn-Knopp divides 0/0
+    scores = far_sample_scores()
+    assert torch.isnan(sinkhorn(scores, iterations=3, epsilon=0.01)).all()
+    q = distributed_sinkhorn(scores, epsilon=0.01, num_iters=3)
+    expected = distributed_sinkhorn(scores.double(), epsilon=0.01, num_iters=3,
+                                    use_double_precision=True)  # no underflow in float64
+    torch.testing.assert_close(q, expected.float(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(q.sum(dim=1), torch.ones(9))
+
+
 def multicrop_scores(batch: int, high: int, low: int, seed: int):
     return [randn(batch, K, seed=seed + c).tanh() for c in range(high + low)]
 
@@ -204,7 +222,9 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
         loss, grad = swav_loss_and_grad(embedding[rank_rows(rank)], prototypes, local_queue)
         scores = embedding[rank_rows(rank)][:LOCAL] @ prototypes.t()
         torch.save({"loss": loss, "grad": grad / WORLD_SIZE,  # DDP averages over ranks
-                    "q": distributed_sinkhorn(scores)}, f"{out_dir}/rank{rank}.pt")
+                    "q": distributed_sinkhorn(scores),
+                    "q_far": distributed_sinkhorn(far_sample_scores()[rank::WORLD_SIZE],
+                                                  epsilon=0.01)}, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -224,6 +244,11 @@ def test_two_processes_match_one_process(tmp_path):
     first_crop = embedding[:WORLD_SIZE * LOCAL] @ prototypes.t()
     torch.testing.assert_close(torch.cat([r["q"] for r in per_rank]),
                                distributed_sinkhorn(first_crop), rtol=1e-5, atol=1e-7)
+    # the same on the underflow-safe path (the far sample is on rank 0)
+    expected = distributed_sinkhorn(far_sample_scores(), epsilon=0.01)
+    for rank, results in enumerate(per_rank):
+        torch.testing.assert_close(results["q_far"], expected[rank::WORLD_SIZE], rtol=1e-5,
+                                   atol=1e-7)
 
 
 def test_temporarily_frozen_parameters_get_no_update_until_their_iteration():

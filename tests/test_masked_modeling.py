@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from ssl_engine.config import load_config
 from ssl_engine.data import build_collator, build_dataset
 from ssl_engine.data.transforms.masking import MaskedImageModeling, RandomPatchMasking
 from ssl_engine.models import build_model
@@ -183,6 +184,63 @@ def test_named_inputs_run_the_trunk_per_mapping_entry_then_ibot_head():
     assert "heads.0.prototypes1.weight_v" in names  # VISSL's configs freeze it by that name
     with pytest.raises(ValueError, match="patch_out_dim=8 must equal out_dim=16"):
         ibot_model(shared_head=True)
+
+
+def test_ibot_head_without_a_class_token_scores_the_mean_of_the_patches():
+    cfg = vit_cfg([(IBOT_HEAD[0], {**IBOT_HEAD[1], "pool_patches": True})],
+                  MASKED_IMAGE_MODELING={"NAME": "ibot"}, USE_CLASS_TOKEN=False)
+    cfg.MULTI_INPUT_HEAD_MAPPING = [MAPPING[0], ["local_views", {"feat_names": ["lastPOOL"]}]]
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    glob, local, mask = images(4), images(2, size=8, seed=3), grid_mask(4, seed=2, count=6)
+    with torch.no_grad():
+        cls_scores, patch_scores = model({"global_views": glob, "local_views": local,
+                                          "mask": mask})
+        tokens = model.trunk(glob, ["lastBLK"], mask=mask)[0]  # [4, 16, D]: patches only
+        local_pool = model.trunk(local, ["lastPOOL"])[0]
+        head = model.heads[0]
+        rows = torch.cat([tokens.mean(dim=1), local_pool])
+        expected_cls = head.prototypes0(head.bottleneck(rows))
+        expected_patch = head.prototypes1(head.bottleneck(tokens.reshape(-1, D)))
+        # the teacher's unmasked global views: the scores of the evaluated lastPOOL
+        teacher_cls, _ = model({"global_views": glob})
+        plain = head.prototypes0(head.bottleneck(model.trunk(glob, ["lastPOOL"])[0]))
+    assert tokens.shape == (4, 16, D) and patch_scores.shape == (4, 16, 8)
+    torch.testing.assert_close(cls_scores, expected_cls)
+    torch.testing.assert_close(patch_scores, expected_patch.view(4, 16, 8))
+    torch.testing.assert_close(teacher_cls, plain)
+
+
+def test_ibot_separate_head_gives_the_patches_a_head_of_their_own():
+    model = ibot_model(separate_head=True)
+    head = model.heads[0]
+    glob, local, mask = images(4), images(2, size=8, seed=3), grid_mask(4, seed=2, count=6)
+    with torch.no_grad():
+        cls_scores, patch_scores = model({"global_views": glob, "local_views": local,
+                                          "mask": mask})
+        tokens = model.trunk(glob, ["lastBLK"], mask=mask)[0]
+        local_cls = model.trunk(local, ["lastCLS"])[0]
+        expected_cls = head.prototypes0(head.bottleneck(torch.cat([tokens[:, 0], local_cls])))
+        patch_head = head.patch_head
+        expected_patch = patch_head.prototypes0(patch_head.bottleneck(tokens[:, 1:].reshape(-1, D)))
+    torch.testing.assert_close(cls_scores, expected_cls)
+    torch.testing.assert_close(patch_scores, expected_patch.view(4, 16, 8))
+    assert head.prototypes1 is patch_head.prototypes0
+    # the patch loss reaches the patch head only, the class loss the class head only
+    model.train()
+    cls_scores, patch_scores = model({"global_views": glob, "mask": mask})
+    patch_scores.sum().backward()
+    assert all(p.grad is None for p in head.mlp.parameters())
+    assert all(p.grad is not None for p in patch_head.mlp.parameters())
+    with pytest.raises(ValueError, match="exclude each other"):
+        ibot_model(separate_head=True, shared_head=True, patch_out_dim=16)
+
+
+def test_ibot_head_on_a_vit_without_a_class_token_must_pool_the_patches():
+    # else the first patch token would silently be read as the class token
+    no_class_token = "config.MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN=false"
+    with pytest.raises(ValueError, match="pool_patches"):
+        load_config(["config=test/quick_ibot_synthetic", no_class_token])
 
 
 def test_mapping_entries_are_checked_when_the_model_is_built():

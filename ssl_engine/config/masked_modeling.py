@@ -36,6 +36,18 @@ def _last_head_params(cfg: AttrDict, name: str):
     return None
 
 
+def _check_class_token(cfg: AttrDict, head) -> None:
+    """ibot_head reads the class token first in lastBLK; a ViT without one needs pool_patches."""
+    vit = cfg.MODEL.TRUNK.get("VISION_TRANSFORMERS") or {}
+    if cfg.MODEL.TRUNK.NAME != "vision_transformer" or vit.get("USE_CLASS_TOKEN", True):
+        return
+    if not head.get("pool_patches", False):
+        raise ValueError("config.MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN=false gives "
+                         "ibot_head patch tokens only: set the head's pool_patches: true (the "
+                         "image's row is then the mean of the patch tokens) and give the local "
+                         "views lastPOOL")
+
+
 def derive_masked_modeling(cfg: AttrDict) -> None:
     _collator_keys(cfg)
     name = cfg.LOSS.name
@@ -46,6 +58,7 @@ def derive_masked_modeling(cfg: AttrDict) -> None:
             loss.num_global_crops, loss.num_local_crops = counts
         head = _last_head_params(cfg, "ibot_head")
         if head is not None:
+            _check_class_token(cfg, head)
             loss.out_dim = int(head.get("out_dim", 8192))
             shared = head.get("shared_head", True)
             patch = head.get("patch_out_dim")

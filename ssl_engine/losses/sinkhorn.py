@@ -1,6 +1,8 @@
 """Sinkhorn-Knopp over the global batch: soft assignments of samples to prototypes with equal
 mass per prototype (SwAV, Caron et al. 2020).  Every sum over samples runs over all ranks, so
 2 processes with B rows each get the assignments 1 process gets for the 2B rows."""
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -32,7 +34,10 @@ def distributed_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, num_iters:
         raise ValueError(f"sinkhorn: num_iters must be >= 1, got {num_iters}")
     dtype = torch.float64 if use_double_precision else torch.float32
     scores = scores.detach().to(dtype).t()  # [K, B]
-    q = torch.exp((scores - _global_row_max(scores)) / epsilon)
+    logits = (scores - _global_row_max(scores)) / epsilon
+    if _underflows(logits):
+        return _log_domain_sinkhorn(logits, num_iters)
+    q = torch.exp(logits)
     num_prototypes = q.shape[0]
     global_batch = all_reduce_sum(torch.tensor(float(q.shape[1]), dtype=dtype,
                                                device=q.device))
@@ -43,3 +48,33 @@ def distributed_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, num_iters:
         q /= q.sum(dim=0, keepdim=True)                  # each sample: mass 1 ...
         q /= global_batch                                # ... then 1/B_global
     return (q * global_batch).t()
+
+
+def _underflows(logits: torch.Tensor) -> bool:
+    """Whether, on any rank, a sample's every ``exp(logit)`` [K, B] comes near the dtype's
+    smallest normal number (a low epsilon and a sample far from every prototype's best):
+    its column would sum to 0 and the division make the whole batch NaN."""
+    floor = 0.5 * math.log(torch.finfo(logits.dtype).tiny)  # about -44 in float32
+    flag = (logits.max(dim=0).values < floor).any().to(logits.dtype).reshape(1)
+    if is_distributed():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _global_logsumexp_over_samples(log_q: torch.Tensor) -> torch.Tensor:
+    """[K, 1]: ``log sum exp`` of each prototype's row over the global batch."""
+    top = _global_row_max(log_q)
+    return top + all_reduce_sum(torch.exp(log_q - top).sum(dim=1, keepdim=True)).log()
+
+
+def _log_domain_sinkhorn(logits: torch.Tensor, num_iters: int) -> torch.Tensor:
+    """``distributed_sinkhorn``'s iterations on the logarithms of ``Q`` (``logits`` [K, B]):
+    the same assignments, none of them lost to underflow."""
+    num_prototypes = logits.shape[0]
+    global_batch = all_reduce_sum(torch.tensor(float(logits.shape[1]), dtype=logits.dtype,
+                                               device=logits.device))
+    log_q = logits
+    for _ in range(num_iters):
+        log_q = log_q - _global_logsumexp_over_samples(log_q) - math.log(num_prototypes)
+        log_q = log_q - torch.logsumexp(log_q, dim=0, keepdim=True)  # each sample: mass 1
+    return log_q.exp().t()
