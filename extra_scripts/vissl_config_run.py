@@ -4,10 +4,12 @@ The sample: up to N of the files that compose and validate, taken in turn from e
 the tree (the folders in a seeded random order, the files of each folder shuffled with the same
 seed), so that every kind of config is met before any folder gives a second one.
 
-Each file runs in its own process, forked from the script after the engine is imported (or by
-hand: ``python extra_scripts/vissl_config_run.py TREE NAME HYDRA_ARGS_JSON BATCH
-OVERRIDES_JSON``), under a time limit and an address-space limit, so a hang or a model too
-large for the machine ends that run only. The process composes the file as the coverage script does, puts its data on
+Each file runs in its own process, forked from the script after the engine is imported,
+under a time limit and an address-space limit, so a hang or a model too large for the machine
+ends that run only. Chosen files run again the same way, one line each as they end and the
+table after them, with ``python extra_scripts/vissl_config_run.py TREE [NAME ...]
+[--failed-from LOG] [--any-dataset]`` (``--failed-from``: the files a previous ``--run`` log
+reports as failed). The process composes the file as the coverage script does, puts its data on
 the synthetic source (``synthetic_data``), and runs the config's engine in one CPU process:
 
 - ``train``: the config's model, loss, heads, optimizer, schedulers, collator, transforms and
@@ -18,8 +20,9 @@ the synthetic source (``synthetic_data``), and runs the config's engine in one C
   run over the same tiny splits;
 - the files VISSL runs with a tool of its own (``tool_of``): that tool's way, the features of
   both splits extracted, then the k-NN classification (tools/nearest_neighbor_test.py), the
-  SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression (tools/low_shot_test.py) or the
-  clustering into at most 2 clusters (tools/cluster_features_and_label.py).
+  SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression
+  (tools/low_shot_test.py) or the clustering into at most 2 clusters
+  (tools/cluster_features_and_label.py).
 
 A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
 
@@ -32,7 +35,6 @@ the machine (MACHINE.DEVICE=cpu, one process, no data-loader workers, no SLURM, 
 the output folder (a temporary one) and the weights to start from (WEIGHTS_INIT.PARAMS_FILE
 cleared: random weights, as the files name checkpoints of VISSL's authors' storage).
 """
-import json
 import os
 import random
 import re
@@ -44,7 +46,6 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RESULT = "RUN-RESULT "
 IMAGE_SIZE = 224  # the synthetic images' side, unless the config's transforms ask for more
 
 
@@ -334,18 +335,56 @@ def print_table(results, seconds: float) -> None:
         print(f"{len(names):>5}  {text}  [{names[0]}]")
 
 
-def main(argv) -> int:
-    tree, name, hydra_args, batch, overrides = argv[0], argv[1], json.loads(argv[2]), \
-        int(argv[3]), json.loads(argv[4])
-    memory_gb = float(argv[5]) if len(argv) > 5 else 0.0
+def failed_in(log: str):
+    """The names of the files a previous ``--run`` log reports as failed."""
+    pattern = re.compile(r"^\[\d+/\d+\]\s+[\d.]+ s  (\S+): FAILED")
+    return [m.group(1) for line in Path(log).read_text(errors="replace").splitlines()
+            for m in [pattern.match(line)] if m]
+
+
+def main(argv=None) -> int:
+    """Run the named files again (or the failures of a previous log), as ``--run`` runs them."""
+    import argparse
+    import logging
+
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "extra_scripts"))
+    import vissl_config_coverage as coverage
+
+    parser = argparse.ArgumentParser(description="run chosen VISSL files as --run does")
+    parser.add_argument("tree", help="VISSL's configs/config folder")
+    parser.add_argument("names", nargs="*", help="files, e.g. pretrain/swav/swav_8node_resnet")
+    parser.add_argument("--failed-from", metavar="LOG", help="also the files a --run log failed")
+    parser.add_argument("--any-dataset", action="store_true", help="as the coverage script's")
+    parser.add_argument("--run-batch", type=int, default=2)
+    parser.add_argument("--run-timeout", type=float, default=600)
+    parser.add_argument("--run-memory-gb", type=float, default=10)
+    args = parser.parse_args(argv)
+    root = Path(args.tree).resolve()
+    wanted = list(args.names) + (failed_in(args.failed_from) if args.failed_from else [])
+    names, _ = coverage.config_names(root)
+    pairs = dict(names)
+    unknown = [name for name in wanted if name not in pairs]
+    if unknown:
+        parser.error(f"not engine configs of {root}: {', '.join(unknown)}")
+    catalog = root / "dataset_catalog.json"
+    catalog = str(catalog) if catalog.is_file() else None
+    if args.any_dataset:
+        catalog = coverage.complete_catalog(root, names, catalog)
+    if catalog:
+        os.environ["SSL_ENGINE_DATASET_CATALOG_PATH"] = catalog
+    logging.getLogger("ssl_engine").setLevel(logging.ERROR)
+    coverage.OVERRIDES[:] = coverage.BASE_OVERRIDES
     try:
-        outcome = {"ok": True, **run_one(tree, name, hydra_args, batch, overrides, memory_gb)}
-    except BaseException as err:  # noqa: BLE001  (every failure is reported, grouped)
-        traceback.print_exc()
-        outcome = {"ok": False, "error": first_line(err)}
-    print(RESULT + json.dumps(outcome), flush=True)
+        results, seconds = run_sample(root, [(name, pairs[name]) for name in wanted],
+                                      coverage.OVERRIDES, args.run_batch, args.run_timeout,
+                                      args.run_memory_gb)
+    finally:
+        if args.any_dataset:
+            os.unlink(catalog)
+    print_table(results, seconds)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -449,7 +449,7 @@ LINEAR_EVAL = ["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=f
      "order"),
     (["config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res9,[Identity,[]]]]"],
      "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP: ResNetTrunk has no stage(s) "
-     "['res9']; its stages are: conv1, res2, res3, res4, res5, res5avg"),
+     "['res9']; its stages are: conv1, res1, res2, res3, res4, res5, res5avg"),
     (["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false"],
      "the model has no heads to extract features from; set "
      "MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"),
