@@ -32,8 +32,10 @@ A model whose weights alone would take more than a third of the memory limit is 
 Only what cannot exist here is changed: the data (DATA_SOURCES -> synthetic, DATA_PATHS,
 DATASET_NAMES and label files cleared, SYNTHETIC.NUM_SAMPLES / IMAGE_SIZE set), the batch size,
 the machine (MACHINE.DEVICE=cpu, one process, no data-loader workers, no SLURM, RUN_ID auto),
-the output folder (a temporary one) and the weights to start from (WEIGHTS_INIT.PARAMS_FILE
-cleared: random weights, as the files name checkpoints of VISSL's authors' storage).
+the output folder (a temporary one), the weights to start from (WEIGHTS_INIT.PARAMS_FILE
+cleared: random weights, as the files name checkpoints of VISSL's authors' storage) and, on this
+offline machine, jigsaw's published permutation files named by URL (``offline_permutations``:
+a stand-in of the same shape).
 """
 import os
 import random
@@ -103,6 +105,30 @@ def synthetic_data(cfg: dict, batch: int, checkpoint_dir: str) -> None:
     init = cfg.setdefault("MODEL", {}).setdefault("WEIGHTS_INIT", {})
     init["PARAMS_FILE"] = ""
     cfg.setdefault("HOOKS", {}).setdefault("RUN_REPORT", {})["ENABLED"] = False
+
+
+def offline_permutations(cfg: dict, folder: str) -> None:
+    """Jigsaw's ``perm_file`` given as a URL (VISSL's published permutation sets), with no copy
+    in the torch hub cache (this machine is offline): a stand-in .npy in ``folder`` of the same
+    shape, distinct random permutations (seeded) instead of the published maximal-Hamming set;
+    the count and patch number from the file's name (``..._perms_2000_patches_9_...``)."""
+    import numpy as np
+    import torch
+
+    for split in ("TRAIN", "TEST"):
+        for transform in ((cfg.get("DATA") or {}).get(split) or {}).get("TRANSFORMS") or []:
+            url = str(transform.get("perm_file", "")) if isinstance(transform, dict) else ""
+            sizes = re.search(r"perms_(\d+)_patches_(\d+)", url)
+            cached = Path(torch.hub.get_dir()) / "ssl_engine_permutations" / Path(url).name
+            if not url.startswith(("http://", "https://")) or not sizes or cached.is_file():
+                continue
+            count, patches = int(sizes.group(1)), int(sizes.group(2))
+            rng, perms = np.random.default_rng(0), set()
+            while len(perms) < count:
+                perms.add(tuple(rng.permutation(patches).tolist()))
+            local = os.path.join(folder, Path(url).name)
+            np.save(local, np.array(sorted(perms), dtype=np.int64))
+            transform["perm_file"] = local
 
 
 def first_line(err: BaseException) -> str:
@@ -216,6 +242,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
     with tempfile.TemporaryDirectory(prefix="vissl_run_") as folder:
         composed = coverage.compose_fast(Path(tree), hydra_args, schema)
         synthetic_data(composed["config"], batch, folder)
+        offline_permutations(composed["config"], folder)
         validate_config(composed, schema)
         engine_name = composed.get("engine_name", "train")
         cfg = AttrDict(composed["config"])
