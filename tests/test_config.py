@@ -195,3 +195,19 @@ def test_every_label_type_the_dataset_reads_passes_the_config_check():
         _, cfg = compose_config([QUICK, f"config.DATA.TRAIN.LABEL_TYPE={label_type}",
                                  f"config.DATA.TEST.LABEL_TYPE={label_type}"])
         derive_settings(cfg)
+
+
+def test_swav_num_prototypes_without_a_queue_follow_the_head_as_vissl_ignored_them(caplog):
+    """VISSL's swav_loss sized only its queue with num_prototypes: without a queue a value
+    unlike the head's num_clusters ran (its iNaturalist ablations); with one it is refused
+    later, by the loss."""
+    swav = "config=test/quick_swav_synthetic"
+    overrides = ["config.LOSS.swav_loss.num_prototypes=[3000]"]
+    with caplog.at_level("WARNING", logger="ssl_engine.config.derive"):
+        _, cfg = compose_config([swav, *overrides, "config.LOSS.swav_loss.queue.queue_length=0"])
+        derive_settings(cfg)
+    assert list(cfg.LOSS.swav_loss.num_prototypes) == [10]
+    assert "num_prototypes=[3000] differs from the swav_head's num_clusters=[10]" in caplog.text
+    _, cfg = compose_config([swav, *overrides])
+    derive_settings(cfg)
+    assert list(cfg.LOSS.swav_loss.num_prototypes) == [3000]

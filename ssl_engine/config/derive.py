@@ -192,9 +192,29 @@ def _derive_loss_settings(cfg: AttrDict) -> None:
         size = params.get(key) if isinstance(params, dict) else None
         if size:
             cfg.LOSS[name].output_dim = int(size[0] if isinstance(size, (list, tuple)) else size)
+    if name == "swav_loss":
+        _swav_prototypes_from_head(cfg)
     masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
     if masking.NAME == "msn" and "seed" not in (masking.PARAMS or {}):
         masking.PARAMS = {**(masking.PARAMS or {}), "seed": int(cfg.SEED_VALUE)}
+
+
+def _swav_prototypes_from_head(cfg: AttrDict) -> None:
+    """VISSL's swav_loss read num_prototypes only to size its queue: without a queue, a value
+    that differs from the swav_head's num_clusters (VISSL's iNaturalist ablations keep the
+    default 3000 beside 8142 prototypes) was ignored; the head's is used, said once."""
+    loss = cfg.LOSS.swav_loss
+    if int(loss.get("queue", {}).get("queue_length", 0) or 0) > 0:
+        return
+    heads = [head[1] for head in cfg.MODEL.HEAD.PARAMS if isinstance(head, (list, tuple))
+             and len(head) == 2 and str(head[0]).startswith("swav_head")
+             and isinstance(head[1], dict) and "num_clusters" in head[1]]
+    clusters = [int(k) for k in heads[0]["num_clusters"]] if len(heads) == 1 else None
+    if clusters and [int(k) for k in loss.get("num_prototypes", [])] != clusters:
+        logger.warning("config.LOSS.swav_loss.num_prototypes=%s differs from the swav_head's "
+                       "num_clusters=%s; without a queue VISSL did not read it: %s is used",
+                       list(loss.get("num_prototypes", [])), clusters, clusters)
+        loss.num_prototypes = clusters
 
 
 _LARS_ONLY = {"exclude_bias_and_norm": False, "eta": 0.001}  # key -> its default
