@@ -35,7 +35,8 @@ the machine (MACHINE.DEVICE=cpu, one process, no data-loader workers, no SLURM, 
 the output folder (a temporary one), the weights to start from (WEIGHTS_INIT.PARAMS_FILE
 cleared: random weights, as the files name checkpoints of VISSL's authors' storage) and, on this
 offline machine, jigsaw's published permutation files named by URL (``offline_permutations``:
-a stand-in of the same shape).
+a stand-in of the same shape) and a distillation's teacher checkpoint (``random_teacher``: the
+teacher with random weights).
 """
 import os
 import random
@@ -129,6 +130,29 @@ def offline_permutations(cfg: dict, folder: str) -> None:
             local = os.path.join(folder, Path(url).name)
             np.save(local, np.array(sorted(perms), dtype=np.int64))
             transform["perm_file"] = local
+
+
+def random_teacher(cfg, folder: str) -> None:
+    """A distillation's teacher checkpoint (DISTILLATION.TEACHER_MODEL.WEIGHTS_INIT.PARAMS_FILE:
+    VISSL's files leave a placeholder or name their authors' storage): the teacher model with
+    its random initial weights, saved in ``folder``, as the student starts from random weights."""
+    import torch
+
+    from ssl_engine.config.teacher import teacher_model_config
+    from ssl_engine.models import build_model
+
+    weights = cfg.DISTILLATION.TEACHER_MODEL.WEIGHTS_INIT
+    if not str(cfg.LOSS.name).endswith("distillation_loss") or \
+            Path(str(weights.get("PARAMS_FILE") or "")).is_file():
+        return
+    model = build_model(teacher_model_config(cfg))
+    parts = {part: {k[len(part) + 1:]: v for k, v in model.state_dict().items()
+                    if k.startswith(part + ".")} for part in ("trunk", "heads")}
+    key = str(weights.get("STATE_DICT_KEY_NAME") or "")
+    state = {"base_model": {"model": parts}}
+    path = os.path.join(folder, "random_teacher.torch")
+    torch.save({key: state} if key and "." not in key else state, path)
+    weights["PARAMS_FILE"] = path
 
 
 def first_line(err: BaseException) -> str:
@@ -247,6 +271,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
         engine_name = composed.get("engine_name", "train")
         cfg = AttrDict(composed["config"])
         derive_settings(cfg)
+        random_teacher(cfg, folder)
         tool = tool_of(name, hydra_args, cfg)
         check_before_launch("extract_features" if tool else engine_name, cfg)
         check_size(cfg, memory_gb)
