@@ -2,7 +2,11 @@
 
 The sample: up to N of the files that compose and validate, taken in turn from each folder of
 the tree (the folders in a seeded random order, the files of each folder shuffled with the same
-seed), so that every kind of config is met before any folder gives a second one.
+seed), so that every kind of config is met before any folder gives a second one. Only engine
+configs are sampled (``over_a_base``): base files and fragments composed over one, not the
+fragments the coverage script composes alone or over a data fragment for want of a base (the
+fairness models over a dataset file, a transforms file over a dataset file): those get their
+loss and heads from the defaults, a config no VISSL user runs.
 
 Each file runs in its own process, forked from the script after the engine is imported,
 under a time limit and an address-space limit, so a hang or a model too large for the machine
@@ -52,11 +56,24 @@ REPO = Path(__file__).resolve().parents[1]
 IMAGE_SIZE = 224  # the synthetic images' side, unless the config's transforms ask for more
 
 
+def over_a_base(hydra_args) -> bool:
+    """Whether the composition is an engine config a VISSL user runs: a base file, or a
+    fragment over one. A fragment composed alone or over a data fragment (a ``dataset(s)``
+    folder's file) gets every other setting from the defaults (their loss, their head), which
+    no VISSL file asks for."""
+    fragments = [arg for arg in hydra_args if str(arg).startswith("+config/")]
+    bases = [str(arg).split("=", 1)[1] for arg in hydra_args if str(arg).startswith("config=")]
+    return not fragments or any(not Path(base).parent.name.lower().endswith(("dataset",
+                                                                            "datasets"))
+                                for base in bases)
+
+
 def pick(names, count: int, seed: int):
-    """Up to ``count`` of ``names`` ((name, args) pairs), evenly over their folders, seeded."""
+    """Up to ``count`` of ``names`` ((name, args) pairs) that are ``over_a_base``, evenly over
+    their folders, seeded."""
     rng = random.Random(seed)
     folders = defaultdict(list)
-    for item in names:
+    for item in (item for item in names if over_a_base(item[1])):
         folders[str(Path(item[0]).parent)].append(item)
     order = sorted(folders)
     rng.shuffle(order)

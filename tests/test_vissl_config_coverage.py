@@ -165,3 +165,8 @@ def test_run_sample_is_even_over_folders_and_seeded():
     assert picked == [name for name, _ in module.pick(names, 7, seed=1)]
     assert picked != [name for name, _ in module.pick(names, 7, seed=2)]
     assert len(module.pick(names, 100, seed=0)) == 14
+    # fragments over no base config (alone, or over a data fragment) are not engine configs
+    fragments = [("f/alone", ["+config/f=alone"]),
+                 ("f/over_data", ["config=f/datasets/d", "+config/f=over_data"]),
+                 ("f/over_base", ["config=f/base", "+config/f=over_base"])]
+    assert [name for name, _ in module.pick(fragments, 3, seed=0)] == ["f/over_base"]
