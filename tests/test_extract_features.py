@@ -135,7 +135,7 @@ def test_unknown_layer_names_the_trunk_stages_before_data_work(tmp_path, monkeyp
     bad_map = ("config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP="
                "[[res9,[Identity,[]]]]")
     with pytest.raises(ValueError, match=r"no stage\(s\) \['res9'\]; its stages are: conv1, "
-                                         r"res2, res3, res4, res5, res5avg"):
+                                         r"res1, res2, res3, res4, res5, res5avg"):
         extract(tmp_path, [bad_map])
     assert final_names(tmp_path) == []
 
