@@ -197,17 +197,20 @@ def test_every_label_type_the_dataset_reads_passes_the_config_check():
         derive_settings(cfg)
 
 
-def test_swav_num_prototypes_without_a_queue_follow_the_head_as_vissl_ignored_them(caplog):
-    """VISSL's swav_loss sized only its queue with num_prototypes: without a queue a value
-    unlike the head's num_clusters ran (its iNaturalist ablations); with one it is refused
-    later, by the loss."""
+def test_swav_sizes_without_a_queue_follow_the_head_as_vissl_ignored_them(caplog):
+    """VISSL's swav_loss sized only its queue with num_prototypes and embedding_dim: without a
+    queue values unlike the head's ran (its iNaturalist ablations, its heads files); with one
+    they are refused later, by the loss."""
     swav = "config=test/quick_swav_synthetic"
-    overrides = ["config.LOSS.swav_loss.num_prototypes=[3000]"]
+    overrides = ["config.LOSS.swav_loss.num_prototypes=[3000]",
+                 "config.LOSS.swav_loss.embedding_dim=128"]
     with caplog.at_level("WARNING", logger="ssl_engine.config.derive"):
         _, cfg = compose_config([swav, *overrides, "config.LOSS.swav_loss.queue.queue_length=0"])
         derive_settings(cfg)
     assert list(cfg.LOSS.swav_loss.num_prototypes) == [10]
-    assert "num_prototypes=[3000] differs from the swav_head's num_clusters=[10]" in caplog.text
+    assert cfg.LOSS.swav_loss.embedding_dim == 16 and "embedding_dim=128 differs" in caplog.text
+    assert "num_prototypes=[3000] differs from the swav_head's ([10])" in caplog.text
     _, cfg = compose_config([swav, *overrides])
     derive_settings(cfg)
     assert list(cfg.LOSS.swav_loss.num_prototypes) == [3000]
+    assert cfg.LOSS.swav_loss.embedding_dim == 128

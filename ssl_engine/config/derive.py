@@ -200,21 +200,28 @@ def _derive_loss_settings(cfg: AttrDict) -> None:
 
 
 def _swav_prototypes_from_head(cfg: AttrDict) -> None:
-    """VISSL's swav_loss read num_prototypes only to size its queue: without a queue, a value
-    that differs from the swav_head's num_clusters (VISSL's iNaturalist ablations keep the
-    default 3000 beside 8142 prototypes) was ignored; the head's is used, said once."""
+    """VISSL's swav_loss read num_prototypes and embedding_dim only to size its queue: without
+    a queue, values that differ from the swav_head's num_clusters and embedding (VISSL's
+    iNaturalist ablations keep the default 3000 beside 8142 prototypes, its heads files a
+    256-wide embedding beside the default 128) were ignored; the head's are used, said once."""
     loss = cfg.LOSS.swav_loss
     if int(loss.get("queue", {}).get("queue_length", 0) or 0) > 0:
         return
     heads = [head[1] for head in cfg.MODEL.HEAD.PARAMS if isinstance(head, (list, tuple))
              and len(head) == 2 and str(head[0]).startswith("swav_head")
-             and isinstance(head[1], dict) and "num_clusters" in head[1]]
-    clusters = [int(k) for k in heads[0]["num_clusters"]] if len(heads) == 1 else None
-    if clusters and [int(k) for k in loss.get("num_prototypes", [])] != clusters:
-        logger.warning("config.LOSS.swav_loss.num_prototypes=%s differs from the swav_head's "
-                       "num_clusters=%s; without a queue VISSL did not read it: %s is used",
-                       list(loss.get("num_prototypes", [])), clusters, clusters)
-        loss.num_prototypes = clusters
+             and isinstance(head[1], dict) and "num_clusters" in head[1] and head[1].get("dims")]
+    if len(heads) != 1:
+        return
+    from_head = {"num_prototypes": [int(k) for k in heads[0]["num_clusters"]],
+                 "embedding_dim": int(heads[0]["dims"][-1])}
+    for key, value in from_head.items():
+        given = loss.get(key)
+        given = [int(k) for k in given] if isinstance(given, (list, tuple)) else given
+        if (value or key == "embedding_dim") and given != value:
+            logger.warning("config.LOSS.swav_loss.%s=%s differs from the swav_head's (%s); "
+                           "without a queue VISSL did not read it: %s is used", key, given,
+                           value, value)
+            loss[key] = value
 
 
 _LARS_ONLY = {"exclude_bias_and_norm": False, "eta": 0.001}  # key -> its default
