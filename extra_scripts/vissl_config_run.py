@@ -10,11 +10,9 @@ loss and heads from the defaults, a config no VISSL user runs.
 
 Each file runs in its own process, forked from the script after the engine is imported,
 under a time limit and an address-space limit, so a hang or a model too large for the machine
-ends that run only. Chosen files run again the same way, one line each as they end and the
-table after them, with ``python extra_scripts/vissl_config_run.py TREE [NAME ...]
-[--failed-from LOG] [--any-dataset]`` (``--failed-from``: the files a previous ``--run`` log
-reports as failed). The process composes the file as the coverage script does, puts its data on
-the synthetic source (``synthetic_data``), and runs the config's engine in one CPU process:
+ends that run only (extra_scripts/vissl_config_rerun.py runs chosen files again the same way).
+The process composes the file as the coverage script does, puts its data on the synthetic
+source (``synthetic_data``), and runs the config's engine in one CPU process:
 
 - ``train``: the config's model, loss, heads, optimizer, schedulers, collator, transforms and
   hooks as written, on ``2 * BATCHSIZE`` synthetic images (BATCHSIZE given, default 2), so
@@ -28,9 +26,8 @@ the synthetic source (``synthetic_data``), and runs the config's engine in one C
   (tools/low_shot_test.py) or the clustering into at most 2 clusters
   (tools/cluster_features_and_label.py).
 
-A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
-
-A model whose weights alone would take more than a third of the memory limit is not built
+A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images). A
+model whose weights alone would take more than a third of the memory limit is not built
 (reported as too large for the machine); the others meet the limit if they exceed it.
 
 Only what cannot exist here is changed: the data (DATA_SOURCES -> synthetic, DATA_PATHS,
@@ -57,15 +54,12 @@ IMAGE_SIZE = 224  # the synthetic images' side, unless the config's transforms a
 
 
 def over_a_base(hydra_args) -> bool:
-    """Whether the composition is an engine config a VISSL user runs: a base file, or a
-    fragment over one. A fragment composed alone or over a data fragment (a ``dataset(s)``
-    folder's file) gets every other setting from the defaults (their loss, their head), which
-    no VISSL file asks for."""
-    fragments = [arg for arg in hydra_args if str(arg).startswith("+config/")]
-    bases = [str(arg).split("=", 1)[1] for arg in hydra_args if str(arg).startswith("config=")]
-    return not fragments or any(not Path(base).parent.name.lower().endswith(("dataset",
-                                                                            "datasets"))
-                                for base in bases)
+    """Whether the composition is an engine config: a base file, or a fragment over one (not
+    alone, not over a ``dataset(s)`` folder's data fragment: see the module's docstring)."""
+    fragment = any(str(arg).startswith("+config/") for arg in hydra_args)
+    bases = [Path(str(arg)[7:]) for arg in hydra_args if str(arg).startswith("config=")]
+    return not fragment or any(not b.parent.name.lower().endswith(("dataset", "datasets"))
+                               for b in bases)
 
 
 def pick(names, count: int, seed: int):
@@ -398,62 +392,8 @@ def print_table(results, seconds: float) -> None:
     engines = defaultdict(int)
     for result in ran:
         engines[result.get("engine", "?")] += 1
-    print("  ran, by engine: " + ", ".join(f"{k} {v}" for k, v in sorted(engines.items())))
+    if any("engine" in result for result in ran):  # not known from a log's lines
+        print("  ran, by engine: " + ", ".join(f"{k} {v}" for k, v in sorted(engines.items())))
     print(f"\n{'files':>5}  failure (first line of the error)  [example]")
     for text, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         print(f"{len(names):>5}  {text}  [{names[0]}]")
-
-
-def failed_in(log: str):
-    """The names of the files a previous ``--run`` log reports as failed."""
-    pattern = re.compile(r"^\[\d+/\d+\]\s+[\d.]+ s  (\S+): FAILED")
-    return [m.group(1) for line in Path(log).read_text(errors="replace").splitlines()
-            for m in [pattern.match(line)] if m]
-
-
-def main(argv=None) -> int:
-    """Run the named files again (or the failures of a previous log), as ``--run`` runs them."""
-    import argparse
-    import logging
-
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "extra_scripts"))
-    import vissl_config_coverage as coverage
-
-    parser = argparse.ArgumentParser(description="run chosen VISSL files as --run does")
-    parser.add_argument("tree", help="VISSL's configs/config folder")
-    parser.add_argument("names", nargs="*", help="files, e.g. pretrain/swav/swav_8node_resnet")
-    parser.add_argument("--failed-from", metavar="LOG", help="also the files a --run log failed")
-    parser.add_argument("--any-dataset", action="store_true", help="as the coverage script's")
-    parser.add_argument("--run-batch", type=int, default=2)
-    parser.add_argument("--run-timeout", type=float, default=600)
-    parser.add_argument("--run-memory-gb", type=float, default=10)
-    args = parser.parse_args(argv)
-    root = Path(args.tree).resolve()
-    wanted = list(args.names) + (failed_in(args.failed_from) if args.failed_from else [])
-    names, _ = coverage.config_names(root)
-    pairs = dict(names)
-    unknown = [name for name in wanted if name not in pairs]
-    if unknown:
-        parser.error(f"not engine configs of {root}: {', '.join(unknown)}")
-    catalog = root / "dataset_catalog.json"
-    catalog = str(catalog) if catalog.is_file() else None
-    if args.any_dataset:
-        catalog = coverage.complete_catalog(root, names, catalog)
-    if catalog:
-        os.environ["SSL_ENGINE_DATASET_CATALOG_PATH"] = catalog
-    logging.getLogger("ssl_engine").setLevel(logging.ERROR)
-    coverage.OVERRIDES[:] = coverage.BASE_OVERRIDES
-    try:
-        results, seconds = run_sample(root, [(name, pairs[name]) for name in wanted],
-                                      coverage.OVERRIDES, args.run_batch, args.run_timeout,
-                                      args.run_memory_gb)
-    finally:
-        if args.any_dataset:
-            os.unlink(catalog)
-    print_table(results, seconds)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
