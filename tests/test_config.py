@@ -214,3 +214,16 @@ def test_swav_sizes_without_a_queue_follow_the_head_as_vissl_ignored_them(caplog
     derive_settings(cfg)
     assert list(cfg.LOSS.swav_loss.num_prototypes) == [3000]
     assert cfg.LOSS.swav_loss.embedding_dim == 128
+
+
+def test_a_test_only_config_without_train_data_extracts_its_test_split():
+    """VISSL's task of a TEST_ONLY config had the TEST split alone (its geolocalization files
+    name no TRAIN data): extraction takes TEST; with TRAIN data both splits stay."""
+    test_only = [QUICK, "config.TEST_ONLY=true", "config.TEST_MODEL=true",
+                 "config.DATA.TEST.DATA_SOURCES=[synthetic]"]
+    _, cfg = compose_config([*test_only, "config.DATA.TRAIN.DATA_SOURCES=[]"])
+    derive_settings(cfg)
+    assert list(cfg.EXTRACT_FEATURES.SPLITS) == ["TEST"]
+    _, cfg = compose_config(test_only)
+    derive_settings(cfg)
+    assert list(cfg.EXTRACT_FEATURES.SPLITS) == ["TRAIN", "TEST"]

@@ -286,6 +286,16 @@ def _check_ema_model(cfg: AttrDict) -> None:
                           "phases with the average: it needs config.TEST_MODEL=true")
 
 
+def _derive_extraction_splits(cfg: AttrDict) -> None:
+    """A TEST_ONLY config whose TRAIN split names no data (VISSL's geolocalization files):
+    VISSL's task had the TEST split alone and extracted it; EXTRACT_FEATURES.SPLITS drops
+    TRAIN rather than refusing its missing data."""
+    splits = [str(split).upper() for split in cfg.EXTRACT_FEATURES.SPLITS]
+    if cfg.TEST_ONLY and "TRAIN" in splits and "TEST" in splits \
+            and not cfg.DATA.TRAIN.DATA_SOURCES:
+        cfg.EXTRACT_FEATURES.SPLITS = [split for split in splits if split != "TRAIN"]
+
+
 def derive_settings(cfg: AttrDict) -> AttrDict:
     """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations."""
     _check_choices(cfg)
@@ -298,6 +308,7 @@ def derive_settings(cfg: AttrDict) -> AttrDict:
     derive_masked_modeling(cfg)
     _warn_lars_only_settings(cfg)
     _derive_meter_settings(cfg)
+    _derive_extraction_splits(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
         cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer
