@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--run-batch", type=int, default=2)
     parser.add_argument("--run-timeout", type=float, default=600)
     parser.add_argument("--run-memory-gb", type=float, default=10)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # names before or after the options
     if args.table_from:
         merged_table(args.table_from)
         return 0
