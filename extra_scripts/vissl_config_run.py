@@ -2,13 +2,17 @@
 
 The sample: up to N of the files that compose and validate, taken in turn from each folder of
 the tree (the folders in a seeded random order, the files of each folder shuffled with the same
-seed), so that every kind of config is met before any folder gives a second one.
+seed), so that every kind of config is met before any folder gives a second one. Only engine
+configs are sampled (``over_a_base``): base files and fragments composed over one, not the
+fragments the coverage script composes alone or over a data fragment for want of a base (the
+fairness models over a dataset file, a transforms file over a dataset file): those get their
+loss and heads from the defaults, a config no VISSL user runs.
 
-Each file runs in its own process, forked from the script after the engine is imported (or by
-hand: ``python extra_scripts/vissl_config_run.py TREE NAME HYDRA_ARGS_JSON BATCH
-OVERRIDES_JSON``), under a time limit and an address-space limit, so a hang or a model too
-large for the machine ends that run only. The process composes the file as the coverage script does, puts its data on
-the synthetic source (``synthetic_data``), and runs the config's engine in one CPU process:
+Each file runs in its own process, forked from the script after the engine is imported,
+under a time limit and an address-space limit, so a hang or a model too large for the machine
+ends that run only (extra_scripts/vissl_config_rerun.py runs chosen files again the same way).
+The process composes the file as the coverage script does, puts its data on the synthetic
+source (``synthetic_data``), and runs the config's engine in one CPU process:
 
 - ``train``: the config's model, loss, heads, optimizer, schedulers, collator, transforms and
   hooks as written, on ``2 * BATCHSIZE`` synthetic images (BATCHSIZE given, default 2), so
@@ -18,22 +22,24 @@ the synthetic source (``synthetic_data``), and runs the config's engine in one C
   run over the same tiny splits;
 - the files VISSL runs with a tool of its own (``tool_of``): that tool's way, the features of
   both splits extracted, then the k-NN classification (tools/nearest_neighbor_test.py), the
-  SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression (tools/low_shot_test.py) or the
-  clustering into at most 2 clusters (tools/cluster_features_and_label.py), or the instance
-  retrieval (tools/instance_retrieval_test.py) on tiny datasets (``tiny_retrieval_data``).
+  SVMs (tools/train_svm.py, 2 cross-validation folds), the low-shot logistic regression
+  (tools/low_shot_test.py) or the clustering into at most 2 clusters
+  (tools/cluster_features_and_label.py), or the instance retrieval
+  (tools/instance_retrieval_test.py) on tiny datasets (``tiny_retrieval_data``).
 
-A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images).
-
-A model whose weights alone would take more than a third of the memory limit is not built
+A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images). A
+model whose weights alone would take more than a third of the memory limit is not built
 (reported as too large for the machine); the others meet the limit if they exceed it.
 
 Only what cannot exist here is changed: the data (DATA_SOURCES -> synthetic, DATA_PATHS,
 DATASET_NAMES and label files cleared, SYNTHETIC.NUM_SAMPLES / IMAGE_SIZE set), the batch size,
 the machine (MACHINE.DEVICE=cpu, one process, no data-loader workers, no SLURM, RUN_ID auto),
-the output folder (a temporary one) and the weights to start from (WEIGHTS_INIT.PARAMS_FILE
-cleared: random weights, as the files name checkpoints of VISSL's authors' storage).
+the output folder (a temporary one), the weights to start from (WEIGHTS_INIT.PARAMS_FILE
+cleared: random weights, as the files name checkpoints of VISSL's authors' storage) and, on this
+offline machine, jigsaw's published permutation files named by URL (``offline_permutations``:
+a stand-in of the same shape) and a distillation's teacher checkpoint (``random_teacher``: the
+teacher with random weights).
 """
-import json
 import os
 import random
 import re
@@ -44,16 +50,27 @@ import traceback
 from collections import defaultdict
 from pathlib import Path
 
+from vissl_run_data import (offline_permutations, random_teacher, synthetic_data,  # noqa: F401
+                            tiny_retrieval_data)
+
 REPO = Path(__file__).resolve().parents[1]
-RESULT = "RUN-RESULT "
-IMAGE_SIZE = 224  # the synthetic images' side, unless the config's transforms ask for more
+
+
+def over_a_base(hydra_args) -> bool:
+    """Whether the composition is an engine config: a base file, or a fragment over one (not
+    alone, not over a ``dataset(s)`` folder's data fragment: see the module's docstring)."""
+    fragment = any(str(arg).startswith("+config/") for arg in hydra_args)
+    bases = [Path(str(arg)[7:]) for arg in hydra_args if str(arg).startswith("config=")]
+    return not fragment or any(not b.parent.name.lower().endswith(("dataset", "datasets"))
+                               for b in bases)
 
 
 def pick(names, count: int, seed: int):
-    """Up to ``count`` of ``names`` ((name, args) pairs), evenly over their folders, seeded."""
+    """Up to ``count`` of ``names`` ((name, args) pairs) that are ``over_a_base``, evenly over
+    their folders, seeded."""
     rng = random.Random(seed)
     folders = defaultdict(list)
-    for item in names:
+    for item in (item for item in names if over_a_base(item[1])):
         folders[str(Path(item[0]).parent)].append(item)
     order = sorted(folders)
     rng.shuffle(order)
@@ -65,44 +82,6 @@ def pick(names, count: int, seed: int):
             if folders[folder] and len(picked) < count:
                 picked.append(folders[folder].pop())
     return picked
-
-
-def _largest_size(transforms) -> int:
-    sizes = [IMAGE_SIZE]
-    for transform in transforms or []:
-        for key in ("size", "crop_size", "size_crops"):
-            value = transform.get(key) if isinstance(transform, dict) else None
-            values = value if isinstance(value, list) else [value]
-            sizes += [int(v) for v in values if isinstance(v, (int, float))]
-    return max(sizes)
-
-
-def synthetic_data(cfg: dict, batch: int, checkpoint_dir: str) -> None:
-    """Edit the composed ``config`` section in place: synthetic data, ``batch`` images per
-    step, one CPU process, outputs in ``checkpoint_dir``, random initial weights."""
-    data = cfg.setdefault("DATA", {})
-    data["NUM_DATALOADER_WORKERS"] = 0
-    for split in ("TRAIN", "TEST"):
-        part = data.setdefault(split, {})
-        if not (part.get("DATA_SOURCES") or part.get("DATASET_NAMES")):
-            continue
-        part.update(DATA_SOURCES=["synthetic"], DATA_PATHS=[""], DATASET_NAMES=[],
-                    LABEL_SOURCES=[], LABEL_PATHS=[], BATCHSIZE_PER_REPLICA=batch)
-        part["SYNTHETIC"] = {"NUM_SAMPLES": 2 * batch, "NUM_CLASSES": 2,  # any head has 2
-                             "IMAGE_SIZE": _largest_size(part.get("TRANSFORMS"))}
-        if (part.get("DATA_LIMIT") or -1) > 0:  # a subset of 2 batches, of 2 classes
-            part["DATA_LIMIT"] = 2 * batch
-            part["SYNTHETIC"].update(NUM_SAMPLES=4 * batch, NUM_CLASSES=2)
-    cfg.setdefault("MACHINE", {})["DEVICE"] = "cpu"
-    dist = cfg.setdefault("DISTRIBUTED", {})
-    dist.update(NUM_NODES=1, NUM_PROC_PER_NODE=1, RUN_ID="auto")
-    if dist.get("INIT_METHOD") not in (None, "tcp", "file"):
-        dist["INIT_METHOD"] = "tcp"
-    cfg.setdefault("SLURM", {})["USE_SLURM"] = False
-    cfg.setdefault("CHECKPOINT", {}).update(DIR=checkpoint_dir, AUTO_RESUME=False)
-    init = cfg.setdefault("MODEL", {}).setdefault("WEIGHTS_INIT", {})
-    init["PARAMS_FILE"] = ""
-    cfg.setdefault("HOOKS", {}).setdefault("RUN_REPORT", {})["ENABLED"] = False
 
 
 def first_line(err: BaseException) -> str:
@@ -161,41 +140,6 @@ def tool_of(name: str, hydra_args, cfg):
     if parts[-1].startswith("cluster_features"):
         return "cluster_features_and_label"
     return None
-
-
-def tiny_retrieval_data(cfg, folder: str) -> None:
-    """Point IMG_RETRIEVAL at tiny datasets in ``folder`` (random 48 x 64 images, RESIZE_IMG 64,
-    N_PCA <= 8): the evaluated one in Copydays' layout (a name holding "copydays") or Revisited
-    Oxford/Paris' (a gnd pickle), 2 queries, 8 database images; the train one 8 images."""
-    import pickle
-    import numpy as np
-    from PIL import Image
-
-    r = cfg.IMG_RETRIEVAL
-    root = Path(folder) / "retrieval"
-    rng = np.random.default_rng(0)
-
-    def images(where: Path, names) -> None:
-        where.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
-                where / f"{name}.jpg")
-
-    evaluated = root / r.EVAL_DATASET_NAME
-    if "copydays" in r.EVAL_DATASET_NAME.lower():
-        groups = [f"20{i:02d}00" for i in range(8)]
-        images(evaluated / "database", groups)
-        images(evaluated / "database_and_distractors", groups + ["distractor_0"])
-        images(evaluated / "queries", ["original_200000", "strong_200101"])
-    else:
-        images(evaluated / "jpg", [f"db{i}" for i in range(8)] + ["q0", "q1"])
-        gnd = [{"easy": [0], "hard": [1], "junk": [2], "bbx": [0.0, 0.0, 32.0, 24.0]},
-               {"easy": [3, 4], "hard": [], "junk": [], "bbx": [0.0, 0.0, 64.0, 48.0]}]
-        (evaluated / f"gnd_{evaluated.name}.pkl").write_bytes(pickle.dumps(
-            {"imlist": [f"db{i}" for i in range(8)], "qimlist": ["q0", "q1"], "gnd": gnd}))
-    if not (root / r.TRAIN_DATASET_NAME).exists():
-        images(root / r.TRAIN_DATASET_NAME, [f"train{i}" for i in range(8)])
-    r.DATASET_PATH, r.RESIZE_IMG, r.N_PCA = str(root), 64, min(r.N_PCA, 8)
 
 
 def run_tool(tool: str, cfg) -> None:
@@ -261,6 +205,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
     with tempfile.TemporaryDirectory(prefix="vissl_run_") as folder:
         composed = coverage.compose_fast(Path(tree), hydra_args, schema)
         synthetic_data(composed["config"], batch, folder)
+        offline_permutations(composed["config"], folder)
         validate_config(composed, schema)
         engine_name = composed.get("engine_name", "train")
         cfg = AttrDict(composed["config"])
@@ -269,6 +214,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
             check_retrieval_config(cfg)
         else:
             derive_settings(cfg)
+            random_teacher(cfg, folder)
             check_before_launch("extract_features" if tool else engine_name, cfg)
         check_size(cfg, memory_gb)
         if tool:
@@ -377,24 +323,8 @@ def print_table(results, seconds: float) -> None:
     engines = defaultdict(int)
     for result in ran:
         engines[result.get("engine", "?")] += 1
-    print("  ran, by engine: " + ", ".join(f"{k} {v}" for k, v in sorted(engines.items())))
+    if any("engine" in result for result in ran):  # not known from a log's lines
+        print("  ran, by engine: " + ", ".join(f"{k} {v}" for k, v in sorted(engines.items())))
     print(f"\n{'files':>5}  failure (first line of the error)  [example]")
     for text, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         print(f"{len(names):>5}  {text}  [{names[0]}]")
-
-
-def main(argv) -> int:
-    tree, name, hydra_args, batch, overrides = argv[0], argv[1], json.loads(argv[2]), \
-        int(argv[3]), json.loads(argv[4])
-    memory_gb = float(argv[5]) if len(argv) > 5 else 0.0
-    try:
-        outcome = {"ok": True, **run_one(tree, name, hydra_args, batch, overrides, memory_gb)}
-    except BaseException as err:  # noqa: BLE001  (every failure is reported, grouped)
-        traceback.print_exc()
-        outcome = {"ok": False, "error": first_line(err)}
-    print(RESULT + json.dumps(outcome), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -195,3 +195,35 @@ def test_every_label_type_the_dataset_reads_passes_the_config_check():
         _, cfg = compose_config([QUICK, f"config.DATA.TRAIN.LABEL_TYPE={label_type}",
                                  f"config.DATA.TEST.LABEL_TYPE={label_type}"])
         derive_settings(cfg)
+
+
+def test_swav_sizes_without_a_queue_follow_the_head_as_vissl_ignored_them(caplog):
+    """VISSL's swav_loss sized only its queue with num_prototypes and embedding_dim: without a
+    queue values unlike the head's ran (its iNaturalist ablations, its heads files); with one
+    they are refused later, by the loss."""
+    swav = "config=test/quick_swav_synthetic"
+    overrides = ["config.LOSS.swav_loss.num_prototypes=[3000]",
+                 "config.LOSS.swav_loss.embedding_dim=128"]
+    with caplog.at_level("WARNING", logger="ssl_engine.config.derive"):
+        _, cfg = compose_config([swav, *overrides, "config.LOSS.swav_loss.queue.queue_length=0"])
+        derive_settings(cfg)
+    assert list(cfg.LOSS.swav_loss.num_prototypes) == [10]
+    assert cfg.LOSS.swav_loss.embedding_dim == 16 and "embedding_dim=128 differs" in caplog.text
+    assert "num_prototypes=[3000] differs from the swav_head's ([10])" in caplog.text
+    _, cfg = compose_config([swav, *overrides])
+    derive_settings(cfg)
+    assert list(cfg.LOSS.swav_loss.num_prototypes) == [3000]
+    assert cfg.LOSS.swav_loss.embedding_dim == 128
+
+
+def test_a_test_only_config_without_train_data_extracts_its_test_split():
+    """VISSL's task of a TEST_ONLY config had the TEST split alone (its geolocalization files
+    name no TRAIN data): extraction takes TEST; with TRAIN data both splits stay."""
+    test_only = [QUICK, "config.TEST_ONLY=true", "config.TEST_MODEL=true",
+                 "config.DATA.TEST.DATA_SOURCES=[synthetic]"]
+    _, cfg = compose_config([*test_only, "config.DATA.TRAIN.DATA_SOURCES=[]"])
+    derive_settings(cfg)
+    assert list(cfg.EXTRACT_FEATURES.SPLITS) == ["TEST"]
+    _, cfg = compose_config(test_only)
+    derive_settings(cfg)
+    assert list(cfg.EXTRACT_FEATURES.SPLITS) == ["TRAIN", "TEST"]

@@ -51,6 +51,18 @@ def test_ssl_layouts_and_refusals():
     assert out["input"].shape == (2 * N, 3, 8, 8) and out["target"].shape == (2 * N, C)
     out = build_collator("cutmixup_collator", {**params, "ssl_method": "moco"})(samples(views=2))
     assert out["input"].shape == out["input_momentum"].shape == (N, 3, 8, 8)
+    # swav: multicrop_collator's layout, each view mixed as on its own (VISSL's per-view mix)
+    crops = samples(views=3)
+    for sample in crops:  # two 8x8 views, then a 4x4 one
+        sample["data"][2] = sample["data"][2][:, :4, :4]
+    out = build_collator("cutmixup_collator", {**params, "ssl_method": "swav",
+                                               "label_smoothing": 0.0})(crops)
+    assert [tuple(x.shape) for x in out["input"]] == [(2 * N, 3, 8, 8), (N, 3, 4, 4)]
+    assert out["target"].shape == (3 * N, C)
+    assert out["data_idx"].tolist() == list(range(10, 10 + N)) * 3
+    small = torch.stack([s["data"][2] for s in crops])
+    lam = out["target"][2 * N, 0].item()  # sample 0 (class 0) of view 2, mixed with the last
+    torch.testing.assert_close(out["input"][1], lam * small + (1 - lam) * small.flip(0))
     with pytest.raises(ValueError, match="needs an even batch"):
         build_collator("cutmixup_collator", params)(samples()[:5])
     with pytest.raises(ValueError, match="ssl_method='byol' is not one of"):

@@ -85,9 +85,15 @@ def test_color_distortion_is_simclr_jitter_and_grayscale(image):
         ]
     )
     chain = build_transforms([{"name": "ImgPilColorDistortion", "strength": s}])
+    # VISSL's iBOT files add jitter keys VISSL never read (its transform took strength alone)
+    ibot = build_transforms([{"name": "ImgPilColorDistortion", "strength": s, "brightness": 0.4,
+                              "contrast": 0.4, "saturation": 0.2, "hue": 0.1}])
     for seed in range(6):
         got, expected = run_seeded(chain, image, seed), run_seeded(reference, image, seed)
         assert np.array_equal(np.asarray(got), np.asarray(expected))
+        assert np.array_equal(np.asarray(run_seeded(ibot, image, seed)), np.asarray(expected))
+    with pytest.raises(ValueError, match="brightnes"):
+        build_transforms([{"name": "ImgPilColorDistortion", "brightnes": 0.4}])
 
 
 def test_gaussian_blur_probability_and_radius(image):

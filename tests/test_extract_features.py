@@ -135,7 +135,7 @@ def test_unknown_layer_names_the_trunk_stages_before_data_work(tmp_path, monkeyp
     bad_map = ("config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP="
                "[[res9,[Identity,[]]]]")
     with pytest.raises(ValueError, match=r"no stage\(s\) \['res9'\]; its stages are: conv1, "
-                                         r"res2, res3, res4, res5, res5avg"):
+                                         r"res1, res2, res3, res4, res5, res5avg"):
         extract(tmp_path, [bad_map])
     assert final_names(tmp_path) == []
 
@@ -449,7 +449,7 @@ LINEAR_EVAL = ["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=f
      "order"),
     (["config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res9,[Identity,[]]]]"],
      "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP: ResNetTrunk has no stage(s) "
-     "['res9']; its stages are: conv1, res2, res3, res4, res5, res5avg"),
+     "['res9']; its stages are: conv1, res1, res2, res3, res4, res5, res5avg"),
     (["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false"],
      "the model has no heads to extract features from; set "
      "MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"),

@@ -74,8 +74,19 @@ def test_lone_tensor_and_column_target_built_from_config():
     assert dict(loss.get_classy_state()) == {}
 
 
+def test_integer_one_hot_rows_are_class_weights_as_in_vissl():
+    """OneHotEncode's integer [N, C] rows (VISSL's robustness files) give the loss of their
+    class indices."""
+    loss = CrossEntropyMultipleOutputSingleTargetLoss()
+    logits, target = make_inputs(outputs=2)
+    target = target.clamp(min=0)  # no ignored rows: a one-hot row names a class
+    one_hot = torch.nn.functional.one_hot(target, logits[0].shape[1])
+    assert one_hot.dtype == torch.int64
+    torch.testing.assert_close(loss(logits, one_hot), loss(logits, target))
+
+
 def test_bad_target_shape_is_refused():
     loss = CrossEntropyMultipleOutputSingleTargetLoss()
     with pytest.raises(ValueError, match=r"target must have shape \[N\] \(classes\) or \[N, C\] "
-                                         r"\(class probabilities\), got \(2, 3\) torch.int64"):
-        loss([torch.zeros(2, 4)], torch.zeros(2, 3, dtype=torch.long))
+                                         r"\(class probabilities\), got \(2, 3, 1\) torch.int64"):
+        loss([torch.zeros(2, 4)], torch.zeros(2, 3, 1, dtype=torch.long))

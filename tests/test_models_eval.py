@@ -95,7 +95,7 @@ def test_head_and_stage_counts_must_match():
 
 def test_unknown_stage_lists_the_trunk_stages():
     with pytest.raises(ValueError, match=r"no stage\(s\) \['res6'\]; its stages are: "
-                                         r"conv1, res2, res3, res4, res5, res5avg"):
+                                         r"conv1, res1, res2, res3, res4, res5, res5avg"):
         eval_model(pool_map=[["res6", ["Identity", []]]], heads=[])
 
 

@@ -30,12 +30,12 @@ def n_params(module: nn.Module, skip_prefix: str = "") -> int:
 @pytest.mark.parametrize("depth,expansion", [(18, 1), (50, 4)])
 def test_stage_shapes_small_image_stem(depth, expansion):
     model = trunk(DEPTH=depth, SMALL_IMAGE_STEM=True).eval()
-    assert model.stage_names == ["conv1", "res2", "res3", "res4", "res5", "res5avg"]
+    assert model.stage_names == ["conv1", "res1", "res2", "res3", "res4", "res5", "res5avg"]
     with torch.no_grad():
         feats = model(torch.randn(2, 3, 32, 32), model.stage_names)
     e = expansion
     assert [tuple(f.shape) for f in feats] == [
-        (2, 64, 32, 32), (2, 64 * e, 32, 32), (2, 128 * e, 16, 16),
+        (2, 64, 32, 32), (2, 64, 32, 32), (2, 64 * e, 32, 32), (2, 128 * e, 16, 16),
         (2, 256 * e, 8, 8), (2, 512 * e, 4, 4), (2, 512 * e),
     ]
     assert model.output_dim == 512 * e
@@ -45,11 +45,25 @@ def test_default_output_is_pooled_res5_and_standard_stem_downsamples_32x():
     model = trunk(DEPTH=18).eval()
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
-        conv1, res5 = model(x, ["conv1", "res5"])
+        conv1, res1, res5 = model(x, ["conv1", "res1", "res5"])
         (default,) = model(x)
-    assert tuple(conv1.shape) == (1, 64, 16, 16)
+    assert tuple(res1.shape) == (1, 64, 16, 16)
     assert tuple(res5.shape) == (1, 512, 2, 2)
     torch.testing.assert_close(default, res5.mean(dim=(2, 3)))
+
+
+def test_conv1_is_the_stem_before_its_max_pool_as_in_vissl():
+    """VISSL's conv1 is the stem's ReLU output and res1 its max-pool: a 224 image gives a
+    112x112 conv1, which VISSL's linear-evaluation files pool with AvgPool2d(10, 10, 4) to the
+    12x12 = 144 positions their eval_mlp heads expect (64 x 144 = 9216 inputs)."""
+    model = trunk(DEPTH=50).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        conv1, res1 = model(x, ["conv1", "res1"])
+    stem = torch.relu(model.bn1(model.conv1(x)))
+    torch.testing.assert_close(conv1, stem)
+    torch.testing.assert_close(res1, nn.functional.max_pool2d(stem, 3, 2, 1))
+    assert nn.AvgPool2d(10, 10, 4)(conv1).flatten(1).shape[1] == 9216
 
 
 @pytest.mark.parametrize("depth", [18, 34, 50, 101])
@@ -73,7 +87,7 @@ def test_torchvision_state_dict_loads_and_gives_same_features():
 def test_width_multiplier_scales_every_stage():
     model = trunk(DEPTH=50, WIDTH_MULTIPLIER=0.5)
     assert model.stage_dims == {
-        "conv1": 32, "res2": 128, "res3": 256, "res4": 512, "res5": 1024, "res5avg": 1024,
+        "conv1": 32, "res1": 32, "res2": 128, "res3": 256, "res4": 512, "res5": 1024, "res5avg": 1024,
     }
     assert model.layer1[0].conv2.out_channels == 32
     with torch.no_grad():
@@ -125,7 +139,7 @@ def test_bad_options_fail_with_key_name(overrides, message):
 
 def test_unknown_stage_lists_known_stages():
     model = trunk(DEPTH=18)
-    message = "no stage.*'res6'.*stages are: conv1, res2, res3, res4, res5, res5avg"
+    message = "no stage.*'res6'.*stages are: conv1, res1, res2, res3, res4, res5, res5avg"
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, 32, 32), ["res5", "res6"])
 

@@ -49,6 +49,21 @@ def test_heads_are_chained_in_order():
         torch.testing.assert_close(model(x)[0], expected)
 
 
+def test_a_head_of_one_listed_output_feeds_the_next_head():
+    """VISSL's semi-supervised SwAV files fine-tune a swav_head without prototypes (its
+    output: [embedding]) under a classifier; a head of several outputs must still be last."""
+    swav = ["swav_head", {"dims": [512, 32], "use_bn": True, "num_clusters": []}]
+    model = make_model(head_params=[swav, ["mlp", {"dims": [32, 5]}]]).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        (embedding,) = model.heads[0](model.trunk(x)[0])
+        torch.testing.assert_close(model(x)[0], model.heads[1](embedding))
+    swav[1]["num_clusters"] = [4]
+    model = make_model(head_params=[swav, ["mlp", {"dims": [32, 5]}]]).eval()
+    with pytest.raises(ValueError, match=r"PARAMS\[0\] gives several outputs"):
+        model(x)
+
+
 def test_without_heads_returns_flattened_trunk_output():
     model = make_model(head_params=[]).eval()
     assert len(model.heads) == 0
@@ -91,7 +106,7 @@ def test_extract_features_by_stage_name():
 def test_extract_features_errors():
     model = make_model().eval()
     crops = [torch.randn(1, 3, 32, 32), torch.randn(1, 3, 16, 16)]
-    with pytest.raises(ValueError, match="no stage.*'res9'.*stages are: conv1, res2"):
+    with pytest.raises(ValueError, match="no stage.*'res9'.*stages are: conv1, res1, res2"):
         model.extract_features(crops, ["res9"])
     with torch.no_grad(), pytest.raises(ValueError, match="stage 'res4' gives differently shaped"):
         model.extract_features(crops, ["res4"])

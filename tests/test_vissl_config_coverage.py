@@ -213,6 +213,12 @@ def test_run_sample_is_even_over_folders_and_seeded():
     assert picked == [name for name, _ in module.pick(names, 7, seed=1)]
     assert picked != [name for name, _ in module.pick(names, 7, seed=2)]
     assert len(module.pick(names, 100, seed=0)) == 14
+    # fragments over no base config (alone, or over a data fragment) are not engine configs
+    fragments = [("f/alone", ["+config/f=alone"]),
+                 ("f/over_data", ["config=f/datasets/d", "+config/f=over_data"]),
+                 ("f/over_base", ["config=f/base", "+config/f=over_base"])]
+    assert [name for name, _ in module.pick(fragments, 3, seed=0)] == ["f/over_base"]
+
 
 
 def test_run_evaluates_a_retrieval_config_on_tiny_written_datasets(tmp_path, monkeypatch):
@@ -254,3 +260,22 @@ def test_run_evaluates_a_retrieval_config_on_tiny_written_datasets(tmp_path, mon
         torch.set_num_threads(threads)
     assert cfg.IMG_RETRIEVAL.DATASET_PATH == str(tmp_path / "out" / "retrieval")
     assert np.load(tmp_path / "out" / "retrieval_rankings.npy").shape == (2, 8)
+
+
+def test_rerun_reads_a_logs_failures_and_merges_the_tables_of_logs(tmp_path, capsys):
+    """vissl_config_rerun.py: the failures of a --run log are what --failed-from runs again;
+    the table of two logs takes the later outcome of a file run twice."""
+    spec = importlib.util.spec_from_file_location(
+        "vissl_config_rerun", REPO / "extra_scripts/vissl_config_rerun.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    first.write_text("header\n[1/3]   12.0 s  a/x: ran\n"
+                     "[2/3]    1.5 s  b/y: FAILED  ValueError: bad size 3\n"
+                     "[3/3]    2.0 s  c/z: FAILED  MemoryError: too large\n")
+    second.write_text("[1/1]    9.0 s  b/y: ran\n")
+    assert module.failed_in(str(first)) == ["b/y", "c/z"]
+    module.merged_table([str(first), str(second)])
+    out = capsys.readouterr().out
+    assert "ran 3 configs for real (23 s): 2 ran, 1 failed (1 reasons)" in out
+    assert "    1  MemoryError: too large  [c/z]" in out and "bad size" not in out

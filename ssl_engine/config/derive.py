@@ -193,9 +193,36 @@ def _derive_loss_settings(cfg: AttrDict) -> None:
         size = params.get(key) if isinstance(params, dict) else None
         if size:
             cfg.LOSS[name].output_dim = int(size[0] if isinstance(size, (list, tuple)) else size)
+    if name == "swav_loss":
+        _swav_prototypes_from_head(cfg)
     masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
     if masking.NAME == "msn" and "seed" not in (masking.PARAMS or {}):
         masking.PARAMS = {**(masking.PARAMS or {}), "seed": int(cfg.SEED_VALUE)}
+
+
+def _swav_prototypes_from_head(cfg: AttrDict) -> None:
+    """VISSL's swav_loss read num_prototypes and embedding_dim only to size its queue: without
+    a queue, values that differ from the swav_head's num_clusters and embedding (VISSL's
+    iNaturalist ablations keep the default 3000 beside 8142 prototypes, its heads files a
+    256-wide embedding beside the default 128) were ignored; the head's are used, said once."""
+    loss = cfg.LOSS.swav_loss
+    if int(loss.get("queue", {}).get("queue_length", 0) or 0) > 0:
+        return
+    heads = [head[1] for head in cfg.MODEL.HEAD.PARAMS if isinstance(head, (list, tuple))
+             and len(head) == 2 and str(head[0]).startswith("swav_head")
+             and isinstance(head[1], dict) and "num_clusters" in head[1] and head[1].get("dims")]
+    if len(heads) != 1:
+        return
+    from_head = {"num_prototypes": [int(k) for k in heads[0]["num_clusters"]],
+                 "embedding_dim": int(heads[0]["dims"][-1])}
+    for key, value in from_head.items():
+        given = loss.get(key)
+        given = [int(k) for k in given] if isinstance(given, (list, tuple)) else given
+        if (value or key == "embedding_dim") and given != value:
+            logger.warning("config.LOSS.swav_loss.%s=%s differs from the swav_head's (%s); "
+                           "without a queue VISSL did not read it: %s is used", key, given,
+                           value, value)
+            loss[key] = value
 
 
 _LARS_ONLY = {"exclude_bias_and_norm": False, "eta": 0.001}  # key -> its default
@@ -260,6 +287,16 @@ def _check_ema_model(cfg: AttrDict) -> None:
                           "phases with the average: it needs config.TEST_MODEL=true")
 
 
+def _derive_extraction_splits(cfg: AttrDict) -> None:
+    """A TEST_ONLY config whose TRAIN split names no data (VISSL's geolocalization files):
+    VISSL's task had the TEST split alone and extracted it; EXTRACT_FEATURES.SPLITS drops
+    TRAIN rather than refusing its missing data."""
+    splits = [str(split).upper() for split in cfg.EXTRACT_FEATURES.SPLITS]
+    if cfg.TEST_ONLY and "TRAIN" in splits and "TEST" in splits \
+            and not cfg.DATA.TRAIN.DATA_SOURCES:
+        cfg.EXTRACT_FEATURES.SPLITS = [split for split in splits if split != "TRAIN"]
+
+
 def derive_settings(cfg: AttrDict, reads_data: bool = True) -> AttrDict:
     """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations.
     ``reads_data=False``: the config's images come from elsewhere (tools/instance_retrieval_test.py
@@ -274,6 +311,7 @@ def derive_settings(cfg: AttrDict, reads_data: bool = True) -> AttrDict:
     derive_masked_modeling(cfg)
     _warn_lars_only_settings(cfg)
     _derive_meter_settings(cfg)
+    _derive_extraction_splits(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))
     if (cfg.MODEL.get("SHARDED_DDP_SETUP") or {}).get("USE_SDP", False):
         cfg.OPTIMIZER.use_zero = True  # ShardedDataParallel works on a sharded optimizer

@@ -15,8 +15,9 @@ class CrossEntropyMultipleOutputSingleTargetLoss(SSLLoss):
 
     ``normalize_output`` l2-normalises each row of logits before the temperature is applied;
     targets equal to ``ignore_index`` contribute nothing; ``weight`` weighs the classes.
-    A floating-point target ``[N, C]`` holds class probabilities (the soft labels of
-    cutmixup_collator or label smoothing): the loss is then ``-sum_c p_c log softmax_c``.
+    A target ``[N, C]`` holds class probabilities (the soft labels of cutmixup_collator or
+    label smoothing, or OneHotEncode's integer one-hot rows, as VISSL took any target of two
+    dimensions): the loss is then ``-sum_c p_c log softmax_c``.
     """
 
     def __init__(
@@ -39,7 +40,7 @@ class CrossEntropyMultipleOutputSingleTargetLoss(SSLLoss):
     def forward(self, output, target: torch.Tensor) -> torch.Tensor:
         if target.ndim == 2 and target.shape[1] == 1:
             target = target[:, 0]
-        soft = target.ndim == 2 and target.is_floating_point()  # e.g. cutmixup_collator's
+        soft = target.ndim == 2  # e.g. cutmixup_collator's, OneHotEncode's
         if target.ndim != 1 and not soft:
             raise ValueError(f"target must have shape [N] (classes) or [N, C] (class "
                              f"probabilities), got {tuple(target.shape)} {target.dtype}")

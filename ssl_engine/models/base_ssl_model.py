@@ -263,8 +263,13 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             output = to_float(output)
             for index, head in enumerate(self.heads):
                 if isinstance(output, (list, tuple)):
-                    raise ValueError(f"MODEL.HEAD.PARAMS[{index - 1}] gives several outputs: "
-                                     "such a head (e.g. swav_head) must be the last one")
+                    # a head of one output in a list (swav_head with num_clusters: [] gives
+                    # [embedding]) feeds the next head that output, as VISSL's heads took it
+                    if len(output) != 1:
+                        raise ValueError(f"MODEL.HEAD.PARAMS[{index - 1}] gives several "
+                                         "outputs: such a head (e.g. swav_head) must be the "
+                                         "last one")
+                    output = output[0]
                 output = head(output)
                 head_outputs.append(output)
         return flatten_outputs(head_outputs[index] for index in self.output_heads)

@@ -6,8 +6,9 @@ matching soft labels ``[N, num_classes]`` (with ``label_smoothing``). The cross-
 takes such targets; the accuracy meters count the target mass of the top-k classes.
 
 ``ssl_method`` lays the views out as a self-supervised method expects: none (supervised: one
-view), ``simclr`` (every view, view-major) or ``moco`` (view 0 as the queries, view 1 as the
-keys). The other keys are timm's ``Mixup`` arguments, VISSL's names: mixup_alpha, cutmix_alpha,
+view), ``simclr`` (every view, view-major), ``moco`` (view 0 as the queries, view 1 as the
+keys) or ``swav`` (the multi-crop layout of multicrop_collator: one view-major tensor per run
+of views of one resolution; VISSL's collator passed SwAV its mixed views as a list). The other keys are timm's ``Mixup`` arguments, VISSL's names: mixup_alpha, cutmix_alpha,
 cutmix_minmax, prob, switch_prob, mode (batch / pair / elem), correct_lam, label_smoothing,
 num_classes.
 
@@ -20,10 +21,11 @@ import numpy as np
 import torch
 
 from ssl_engine.data.collators.common import num_views, view_major_meta
+from ssl_engine.data.collators.multicrop import resolution_groups
 from ssl_engine.data.registry import register_collator
 from ssl_engine.data.seeding import seeded_rngs
 
-SSL_METHODS = (None, "simclr", "moco")
+SSL_METHODS = (None, "simclr", "moco", "swav")
 
 
 def _batch_seed(samples: List[dict]) -> int:
@@ -38,7 +40,7 @@ def cutmixup_collator(samples, ssl_method: Optional[str] = None, **mixup_params)
 
     if ssl_method not in SSL_METHODS:
         raise ValueError(f"cutmixup_collator: ssl_method={ssl_method!r} is not one of none, "
-                         "simclr, moco")
+                         "simclr, moco, swav")
     views = num_views(samples)
     wanted = {None: 1, "moco": 2}.get(ssl_method)
     if wanted is not None and views != wanted:
@@ -69,5 +71,10 @@ def cutmixup_collator(samples, ssl_method: Optional[str] = None, **mixup_params)
         rows = len(samples)
         return {"input": inputs[0], "input_momentum": inputs[1], "target": targets[0],
                 "data_idx": meta["data_idx"][:rows], "data_valid": meta["data_valid"][:rows]}
+    if ssl_method == "swav":
+        return {"input": [torch.cat([inputs[v] for v in group])
+                          for group in resolution_groups(samples[0])],
+                "target": torch.cat(targets), "data_idx": meta["data_idx"],
+                "data_valid": meta["data_valid"]}
     return {"input": torch.cat(inputs), "target": torch.cat(targets),
             "data_idx": meta["data_idx"], "data_valid": meta["data_valid"]}

@@ -7,6 +7,10 @@ the 3x3 convolutions of the bottleneck blocks have GROUPS groups of
 WIDTH_PER_GROUP x WIDTH_MULTIPLIER channels each (stage planes x WIDTH_PER_GROUP / 64 x GROUPS).
 With MODEL.INPUT_TYPE lab (colorization models, LAB tensors of ImgPil2LabTensor) conv1 has one
 input channel and reads the L channel, as VISSL's trunk does.
+
+The stage names are VISSL's: ``conv1`` is the stem's convolution, batch norm and ReLU (before
+the max-pool, half the input's side with the standard stem), ``res1`` the max-pool after it,
+``res2``..``res5`` the four residual stages and ``res5avg`` their pooled output.
 """
 from typing import Callable, List
 
@@ -80,7 +84,8 @@ def check_resnet_config(cfg) -> None:
 
 @register_model_trunk("resnet")
 class ResNetTrunk(StagedTrunk):
-    """Stages: conv1 (stem with max-pool), res2..res5 (layer1..4), res5avg (pooled, [N, C])."""
+    """Stages: conv1 (stem before the max-pool), res1 (max-pool), res2..res5 (layer1..4),
+    res5avg (pooled, [N, C])."""
 
     default_out_feat_key = "res5avg"
     VISSL_KEY_PREFIX = "_feature_blocks."  # torchvision's names here, VISSL's _feature_blocks.
@@ -115,7 +120,7 @@ class ResNetTrunk(StagedTrunk):
         self.bn1 = norm_layer(stem)
         self.relu = nn.ReLU(inplace=True)
 
-        self.stage_dims = {"conv1": stem}
+        self.stage_dims = {"conv1": stem, "res1": stem}
         in_channels = stem
         for index, (planes, blocks, stride) in enumerate(zip(STAGE_PLANES, num_blocks, strides)):
             planes = scaled(planes, width)
@@ -148,7 +153,7 @@ class ResNetTrunk(StagedTrunk):
         return [self.layer1, self.layer2, self.layer3, self.layer4]
 
     def _stem(self, x: torch.Tensor) -> torch.Tensor:
-        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return self.relu(self.bn1(self.conv1(x)))
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         return torch.flatten(self.avgpool(x), 1)
@@ -157,13 +162,15 @@ class ResNetTrunk(StagedTrunk):
         layers = [self.layer1, self.layer2, self.layer3, self.layer4]
         stem = self._stem
         if self.checkpoint_splits and self.training and torch.is_grad_enabled():
-            # the stem as one segment; each stage's residual blocks in checkpoint_splits
+            # the stem as one segment (the max-pool after it holds nothing to recompute); each
+            # stage's residual blocks in checkpoint_splits
             stem = checkpointed_segments([StemBlock(self)], 1)
             layers = [checkpointed_segments(layer, self.checkpoint_splits) for layer in layers]
         if self.lab_input:
             stem = on_l_channel(stem)
         return [
             ("conv1", stem),
+            ("res1", self.maxpool),
             *((f"res{index + 2}", layer) for index, layer in enumerate(layers)),
             ("res5avg", self._pool),
         ]
@@ -179,7 +186,7 @@ class StemBlock(nn.Module):
 
     def __init__(self, trunk: "ResNetTrunk"):
         super().__init__()
-        self.parts = nn.ModuleList([trunk.conv1, trunk.bn1, trunk.relu, trunk.maxpool])
+        self.parts = nn.ModuleList([trunk.conv1, trunk.bn1, trunk.relu])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for part in self.parts:
