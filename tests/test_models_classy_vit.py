@@ -121,7 +121,7 @@ def test_vissl_checkpoints_load(tmp_path):
 def test_classy_vit_name_passes_the_checks():
     cfg = copy.deepcopy(DEFAULTS)
     cfg.DATA.TRAIN.DATA_SOURCES = cfg.DATA.TEST.DATA_SOURCES = ["synthetic"]
-    assert "classy_vit" not in UNSUPPORTED_NAMES["config.MODEL.TRUNK.NAME"]
+    assert "classy_vit" not in UNSUPPORTED_NAMES.get("config.MODEL.TRUNK.NAME", {})
     cfg.MODEL.TRUNK.NAME = "classy_vit"
     check_registered_names("train", cfg)
 

@@ -172,7 +172,7 @@ def test_vissl_checkpoint_loads_and_names_pass_the_checks():
         torch.testing.assert_close(target(x), source(x), rtol=0, atol=0)
     cfg = copy.deepcopy(DEFAULTS)
     cfg.DATA.TRAIN.DATA_SOURCES = cfg.DATA.TEST.DATA_SOURCES = ["synthetic"]
-    assert "convit" not in UNSUPPORTED_NAMES["config.MODEL.TRUNK.NAME"]
+    assert "convit" not in UNSUPPORTED_NAMES.get("config.MODEL.TRUNK.NAME", {})
     cfg.MODEL.TRUNK.NAME = "convit"
     check_registered_names("train", cfg)
 

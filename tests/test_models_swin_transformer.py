@@ -274,7 +274,7 @@ def test_vissl_checkpoints_load():
 def test_swin_name_passes_the_checks_and_qk_scale_reads_as_a_number():
     cfg = copy.deepcopy(DEFAULTS)
     cfg.DATA.TRAIN.DATA_SOURCES = cfg.DATA.TEST.DATA_SOURCES = ["synthetic"]
-    assert "swin_transformer" not in UNSUPPORTED_NAMES["config.MODEL.TRUNK.NAME"]
+    assert "swin_transformer" not in UNSUPPORTED_NAMES.get("config.MODEL.TRUNK.NAME", {})
     cfg.MODEL.TRUNK.NAME = "swin_transformer"
     check_registered_names("train", cfg)
     raw = copy.deepcopy(SCHEMA)
