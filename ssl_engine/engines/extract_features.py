@@ -30,12 +30,20 @@ def check_extract_config(cfg) -> None:
     check_weights_file(cfg.MODEL.WEIGHTS_INIT)
 
 
-@register_engine("extract_features", check_before_launch=check_extract_config)
-def extract_main(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
-                 checkpoint_folder: Optional[str] = None,
-                 hook_generator: Callable[..., List] = default_hook_generator) -> None:
-    """Write ``<split>_<layer>_{features,targets,inds}.npy`` into EXTRACT_FEATURES.OUTPUT_DIR
-    (or CHECKPOINT.DIR). The weights come from MODEL.WEIGHTS_INIT; hooks are not run."""
-    _, rank, _ = machine_ranks()
-    setup_logging(checkpoint_folder or cfg.CHECKPOINT.DIR, rank)
-    FeatureExtractor(cfg, dist_run_id, checkpoint_folder).extract()
+def extraction_engine(method: str, writes: str) -> Callable:
+    """The engine function of an extraction workflow: the rank's logging, then
+    ``FeatureExtractor.<method>()``; ``writes`` completes its docstring."""
+    def engine(cfg, dist_run_id: str, checkpoint_path: Optional[str] = None,
+               checkpoint_folder: Optional[str] = None,
+               hook_generator: Callable[..., List] = default_hook_generator) -> None:
+        _, rank, _ = machine_ranks()
+        setup_logging(checkpoint_folder or cfg.CHECKPOINT.DIR, rank)
+        getattr(FeatureExtractor(cfg, dist_run_id, checkpoint_folder), method)()
+
+    engine.__doc__ = (f"Write {writes} into EXTRACT_FEATURES.OUTPUT_DIR (or CHECKPOINT.DIR). The "
+                      "weights come from MODEL.WEIGHTS_INIT; hooks are not run.")
+    return engine
+
+
+extract_main = register_engine("extract_features", check_before_launch=check_extract_config)(
+    extraction_engine("extract", "``<split>_<layer>_{features,targets,inds}.npy``"))
