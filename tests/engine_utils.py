@@ -2,6 +2,7 @@
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -79,6 +80,19 @@ def final_weights(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
 
 def loss_state(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
     return load_checkpoint(Path(checkpoint_dir) / "checkpoint.torch")["classy_state_dict"]["loss"]
+
+
+def stopped_after(run_dir: Path, folder: Path, checkpoint: str) -> Path:
+    """``folder``: a copy of the finished run ``run_dir`` as if it had stopped right after
+    saving ``checkpoint`` (e.g. ``model_iteration1.torch``): the later checkpoints (files or
+    sharded folders) removed and checkpoint.torch pointing to it."""
+    shutil.copytree(run_dir, folder, symlinks=True)
+    for path in folder.glob("model_*"):
+        if not path.name.startswith(checkpoint):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (folder / "checkpoint.torch").unlink()
+    (folder / "checkpoint.torch").symlink_to(checkpoint)
+    return folder
 
 
 def assert_trains_like_one_process(checkpoint_dir: Path, losses: Dict[int, float],

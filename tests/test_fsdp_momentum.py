@@ -2,12 +2,11 @@
 self_supervision_fsdp_task: the teacher is sharded like the student, 2 processes train like 1
 process with the whole batch, and a run stopped after its first iteration resumes exactly from
 the sharded checkpoint, teacher included."""
-import shutil
 
 import pytest
 import torch
 
-from engine_utils import final_weights, run_engine, step_losses
+from engine_utils import final_weights, run_engine, step_losses, stopped_after
 from ssl_engine.checkpoint import load_checkpoint
 
 CONFIG = "config=test/quick_dino_synthetic"
@@ -42,13 +41,7 @@ def test_dino_with_a_sharded_teacher_trains_like_one_process_and_resumes_exactly
         torch.testing.assert_close(teacher_fsdp[name], value, rtol=1e-4, atol=1e-5, msg=name)
 
     # the run as if stopped after its first iteration: its folder up to that checkpoint
-    crashed = tmp_path / "crashed"
-    shutil.copytree(tmp_path / "fsdp", crashed, symlinks=True)
-    for path in crashed.glob("model_*"):
-        if not path.name.startswith("model_iteration1.torch"):
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    (crashed / "checkpoint.torch").unlink()
-    (crashed / "checkpoint.torch").symlink_to("model_iteration1.torch")
+    crashed = stopped_after(tmp_path / "fsdp", tmp_path / "crashed", "model_iteration1.torch")
     assert sorted(p.name for p in crashed.glob("model_*")) == [
         "model_iteration1.torch", "model_iteration1.torch.sharded"]
     run_engine(crashed, COMMON + FSDP + ["config.CHECKPOINT.AUTO_RESUME=true"], config=CONFIG)

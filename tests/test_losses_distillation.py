@@ -2,7 +2,6 @@
 swav_distillation_loss against plain computations and lightly's DINO loss and Sinkhorn-Knopp;
 the teacher built from a weights file; a SwAV distillation run that resumes exactly and trains
 alike in 1 and 2 processes."""
-import shutil
 
 import pytest
 import torch
@@ -10,7 +9,8 @@ import torch.nn.functional as F
 from lightly.loss.dino_loss import DINOLoss as LightlyDINOLoss
 from lightly.loss.swav_loss import sinkhorn
 
-from engine_utils import assert_trains_like_one_process, final_weights, run_engine, step_losses
+from engine_utils import (assert_trains_like_one_process, final_weights, run_engine,
+                          step_losses, stopped_after)
 from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.config import AttrDict, ConfigError, load_config
 from ssl_engine.config.teacher import teacher_model_config
@@ -207,13 +207,7 @@ def test_swav_distillation_trains_resumes_exactly_and_scales_to_two_processes(tm
 
     # the run as if stopped after its first iteration (its folder up to that checkpoint),
     # resumed: the queue, the teacher rebuilt from its file
-    stopped = tmp_path / "stopped"
-    shutil.copytree(tmp_path / "straight", stopped, symlinks=True)
-    for path in stopped.glob("model_*"):
-        if path.name != "model_iteration1.torch":
-            path.unlink()
-    (stopped / "checkpoint.torch").unlink()
-    (stopped / "checkpoint.torch").symlink_to("model_iteration1.torch")
+    stopped = stopped_after(tmp_path / "straight", tmp_path / "stopped", "model_iteration1.torch")
     run_engine(stopped, one + ["config.CHECKPOINT.AUTO_RESUME=true"], config=CONFIG)
     assert (stopped / "checkpoint.torch").resolve().name != "model_iteration1.torch"
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(stopped)

@@ -1,14 +1,14 @@
 """ibot_distillation_loss, msn_distillation_loss and ibot_distillation_head against plain
 computations and lightly's DINO loss; an iBOT distillation from a frozen ViT teacher (fed by
 MULTI_INPUT_HEAD_MAPPING) that resumes exactly and trains alike in 1 and 2 processes."""
-import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 from lightly.loss.dino_loss import DINOLoss as LightlyDINOLoss
 
-from engine_utils import assert_trains_like_one_process, final_weights, run_engine, step_losses
+from engine_utils import (assert_trains_like_one_process, final_weights, run_engine,
+                          step_losses, stopped_after)
 from ssl_engine.config import AttrDict, load_config
 from ssl_engine.config.teacher import teacher_model_config
 from ssl_engine.hooks.distillation_hook import build_teacher
@@ -160,13 +160,8 @@ def test_ibot_distillation_trains_resumes_exactly_and_scales_to_two_processes(tm
     losses = step_losses(tmp_path / "straight")
     assert sorted(losses) == [1, 2] and all(0 < loss < 20 for loss in losses.values())
 
-    stopped = tmp_path / "stopped"  # stopped after its first iteration, then resumed
-    shutil.copytree(tmp_path / "straight", stopped, symlinks=True)
-    for path in stopped.glob("model_*"):
-        if path.name != "model_iteration1.torch":
-            path.unlink()
-    (stopped / "checkpoint.torch").unlink()
-    (stopped / "checkpoint.torch").symlink_to("model_iteration1.torch")
+    # stopped after its first iteration, then resumed
+    stopped = stopped_after(tmp_path / "straight", tmp_path / "stopped", "model_iteration1.torch")
     run_engine(stopped, one + ["config.CHECKPOINT.AUTO_RESUME=true"], config=CONFIG)
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(stopped)
     for name in straight:
