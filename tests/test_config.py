@@ -7,6 +7,7 @@ import pytest
 
 from ssl_engine.config import ConfigError, compose_config, load_config
 from ssl_engine.config.derive import derive_settings
+from ssl_engine.models.trunks import check_trunk_config
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = "config=test/quick_simclr_synthetic"
@@ -214,6 +215,34 @@ def test_swav_sizes_without_a_queue_follow_the_head_as_vissl_ignored_them(caplog
     derive_settings(cfg)
     assert list(cfg.LOSS.swav_loss.num_prototypes) == [3000]
     assert cfg.LOSS.swav_loss.embedding_dim == 128
+
+
+def test_a_regnet_preset_beside_parameters_builds_the_preset_with_one_warning(caplog):
+    """VISSL built a RegNet preset from its name alone (its instance-retrieval model files name
+    a preset over a base that gives depth, widths and block type): the parameters are cleared
+    and named once; a preset alone stays silent."""
+    regnet = [QUICK, "config.MODEL.TRUNK.NAME=regnet",
+              "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf"]
+    with caplog.at_level("WARNING", logger="ssl_engine.config.derive"):
+        _, cfg = compose_config([*regnet, "config.MODEL.TRUNK.REGNET.depth=27",
+                                 "config.MODEL.TRUNK.REGNET.w_0=1744",
+                                 "config.MODEL.TRUNK.REGNET.block_type=res_basic_block",
+                                 "config.MODEL.TRUNK.REGNET.stage_checkpoints=[[2],[7],[]]"])
+        derive_settings(cfg)
+    assert cfg.MODEL.TRUNK.REGNET.depth is None and cfg.MODEL.TRUNK.REGNET.w_0 is None
+    assert cfg.MODEL.TRUNK.REGNET.block_type == "res_bottleneck_block"
+    assert cfg.MODEL.TRUNK.REGNET.stage_checkpoints == []
+    check_trunk_config(cfg.MODEL)  # the refusal of the two together no longer applies
+    assert [r.getMessage() for r in caplog.records] == [
+        "config.MODEL.TRUNK.REGNET: depth=27, w_0=1744, stage_checkpoints=[[2], [7], []], "
+        "block_type='res_basic_block' ignored: "
+        "name='regnet_y_400mf' is a preset that sets the whole network (VISSL built it from "
+        "the name alone too); set name to null to build from the parameters"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ssl_engine.config.derive"):
+        _, cfg = compose_config(regnet)
+        derive_settings(cfg)
+    assert caplog.records == []
 
 
 def test_a_test_only_config_without_train_data_extracts_its_test_split():

@@ -34,6 +34,7 @@ from ssl_engine.models.trunks.base import StagedTrunk
 
 CONFIG = "config.MODEL.TRUNK.REGNET"
 REGNET_KEYS = ("depth", "w_0", "w_a", "w_m", "group_width")
+BLOCK_GROUP_KEYS = ("stage_checkpoints", "stage_checkpointing")  # VISSL's FSDP RegNet's
 ANYNET_KEYS = ("depths", "widths", "group_widths", "bottleneck_multipliers", "strides")
 # keys every way of building accepts, with their defaults (those of defaults.yaml and classy)
 OPTION_DEFAULTS: Dict[str, Any] = {
@@ -170,6 +171,26 @@ def stage_groups(trunk_cfg, depths: List[int], with_checkpointing: bool
     return groups
 
 
+def parameters_beside_preset(trunk_cfg) -> List[str]:
+    """The RegNet parameters (and options changed from their defaults) set beside a preset
+    ``name``: VISSL built a preset from its name alone, so its configs that combine the two
+    (its instance-retrieval model files over a base that gives other parameters) ran the
+    preset.  ``clear_parameters_beside_preset`` does the same."""
+    name = trunk_cfg.get("name")
+    if not name or name == "anynet":
+        return []
+    return _set_keys(trunk_cfg, REGNET_KEYS + BLOCK_GROUP_KEYS) + [
+        key for key, default in OPTION_DEFAULTS.items() if trunk_cfg.get(key, default) != default]
+
+
+def clear_parameters_beside_preset(trunk_cfg) -> List[str]:
+    """Reset the keys ``parameters_beside_preset`` finds to their defaults; returns them."""
+    keys = parameters_beside_preset(trunk_cfg)
+    for key in keys:
+        trunk_cfg[key] = [] if key in BLOCK_GROUP_KEYS else OPTION_DEFAULTS.get(key)
+    return keys
+
+
 def check_regnet_config(trunk_cfg) -> None:
     """Refuse an incomplete or invalid MODEL.TRUNK.REGNET (every message names the key)."""
     _check_stage_groups(trunk_cfg)
@@ -189,10 +210,7 @@ def check_regnet_config(trunk_cfg) -> None:
         presets = regnet_presets()
         if name not in presets:
             raise _error("name", name, f"is not one of anynet, {', '.join(presets)}")
-        changed = _set_keys(trunk_cfg, REGNET_KEYS) + [
-            key for key, default in OPTION_DEFAULTS.items()
-            if trunk_cfg.get(key, default) != default
-        ]
+        changed = parameters_beside_preset(trunk_cfg)
         if changed:
             raise _error(changed[0], trunk_cfg[changed[0]],
                          f"cannot be combined with name={name!r} (the preset sets the whole "
