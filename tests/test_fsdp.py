@@ -37,6 +37,20 @@ def test_sharded_model_trains_like_one_process_and_resumes_exactly(tmp_path):
         assert torch.equal(resumed[name], value), name
 
 
+def test_larc_on_sharded_parameters_steps_as_on_whole_ones(tmp_path):
+    """LARC's trust ratio takes the norms of the whole parameter and gradient: 2 processes
+    with sharded parameters train like 1 process with the whole batch (VISSL's sgd_fsdp)."""
+    larc = COMMON + ["config.OPTIMIZER.use_larc=true", "config.OPTIMIZER.num_epochs=1",
+                     "config.OPTIMIZER.name=sgd_fsdp"]
+    run_engine(tmp_path / "one", larc + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"])
+    run_engine(tmp_path / "fsdp", larc + FSDP)
+    one, fsdp = final_weights(tmp_path / "one"), final_weights(tmp_path / "fsdp")
+    for name, value in one.items():
+        torch.testing.assert_close(fsdp[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert step_losses(tmp_path / "fsdp") == pytest.approx(step_losses(tmp_path / "one"),
+                                                           rel=1e-4)
+
+
 @pytest.mark.parametrize("override, message", [
     ("config.OPTIMIZER.use_zero=true", "FSDP already shards the optimizer state"),
     ("config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true", "USE_SDP=true: FSDP already shards"),

@@ -32,8 +32,8 @@ FSDP_HEADS: Dict[str, str] = {
     "swav_head_fsdp": "swav_head",
     "dino_head_fsdp": "dino_head",
 }
-# VISSL's sgd_fsdp is SGD whose LARC computes norms over sharded parameters; LARC is refused
-# with the FSDP task, and without LARC it is SGD
+# VISSL's sgd_fsdp is SGD whose LARC computes norms over sharded parameters: the engine's LARC
+# does so for every optimizer (optimizers/larc.py), so it is SGD
 FSDP_OPTIMIZERS: Dict[str, str] = {"sgd_fsdp": "sgd"}
 
 

@@ -2,6 +2,18 @@
 from typing import Callable, Optional
 
 import torch
+from torch.distributed.tensor import DTensor
+
+
+def _whole_norm(tensor: torch.Tensor) -> torch.Tensor:
+    """The 2-norm of the whole tensor, a sharded DTensor's included (a plain tensor)."""
+    norm = torch.linalg.vector_norm(tensor)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor`` (itself unless sharded), to update in place."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 class LARC:
@@ -45,13 +57,13 @@ class LARC:
         for param in group["params"]:
             if param.grad is None:
                 continue
-            param_norm, grad_norm = torch.norm(param), torch.norm(param.grad)
+            param_norm, grad_norm = _whole_norm(param), _whole_norm(param.grad)
             if param_norm == 0 or grad_norm == 0:
                 continue
             local_lr = self.trust_coefficient * param_norm / (grad_norm + weight_decay * param_norm + self.eps)
             if self.clip:
                 local_lr = torch.clamp(local_lr / lr, max=1.0) if lr > 0 else torch.ones_like(local_lr)
-            param.grad.add_(param, alpha=weight_decay).mul_(local_lr)
+            _local(param.grad).add_(_local(param), alpha=weight_decay).mul_(local_lr)
 
     def step(self, closure: Optional[Callable] = None):
         loss = None

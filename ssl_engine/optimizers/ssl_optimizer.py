@@ -47,8 +47,9 @@ def optimizer_names():
 
 
 def ordinary_optimizer(name: str) -> str:
-    """The optimizer an OPTIMIZER.name builds: VISSL's sgd_fsdp is SGD (its FSDP-aware LARC has
-    no use here: LARC is refused with the FSDP task), others are themselves."""
+    """The optimizer an OPTIMIZER.name builds: VISSL's sgd_fsdp is SGD (its FSDP-aware LARC is
+    the engine's LARC, which takes the norms of sharded parameters whole), others are
+    themselves."""
     if name in FSDP_OPTIMIZERS:
         logger.info("optimizer %s: built as the ordinary %s", name, FSDP_OPTIMIZERS[name])
         return FSDP_OPTIMIZERS[name]

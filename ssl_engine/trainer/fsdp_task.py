@@ -29,6 +29,7 @@ from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.models import build_model
 from ssl_engine.models.ema import ema_model_enabled
 from ssl_engine.models.sync_bn import convert_sync_bn
+from ssl_engine.optimizers.larc import LARC
 from ssl_engine.trainer.task import SelfSupervisionTask
 from ssl_engine.utils.classy import register_task
 from ssl_engine.utils.distributed import BufferBroadcast, broadcast_buffers, get_rank
@@ -121,7 +122,9 @@ def shard_model(model: torch.nn.Module, fsdp_cfg=None) -> torch.nn.Module:
 
 
 def torch_optimizer(task) -> torch.optim.Optimizer:
-    return task.optimizer.classy_optimizer.optimizer
+    """The torch optimizer whose state is checkpointed: the one LARC wraps under LARC."""
+    optimizer = task.optimizer.classy_optimizer.optimizer
+    return optimizer.optim if isinstance(optimizer, LARC) else optimizer
 
 
 @register_task("self_supervision_fsdp_task")
@@ -142,8 +145,6 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
         elif cfg.OPTIMIZER.get("use_zero", False):
             why = ("config.OPTIMIZER.use_zero=true: FSDP already shards the optimizer state; "
                    "leave use_zero off")
-        elif cfg.OPTIMIZER.get("use_larc", False):
-            why = "config.OPTIMIZER.use_larc=true: LARC is not supported with FSDP yet"
         elif ema_model_enabled(cfg):
             why = ("config.HOOKS.EMA_MODEL (SAVE_EMA_MODEL or ENABLE_EMA_METERS on): the "
                    "average of sharded weights is not supported yet; use DDP "
