@@ -279,3 +279,21 @@ def test_rerun_reads_a_logs_failures_and_merges_the_tables_of_logs(tmp_path, cap
     out = capsys.readouterr().out
     assert "ran 3 configs for real (23 s): 2 ran, 1 failed (1 reasons)" in out
     assert "    1  MemoryError: too large  [c/z]" in out and "bad size" not in out
+
+
+def test_run_gives_deepclusterv2_a_sample_per_cluster_and_stops_after_two_iterations():
+    sys.path.insert(0, str(REPO / "extra_scripts"))
+    import vissl_run_data as run_data
+
+    def composed(loss):
+        cfg = {"LOSS": loss, "DATA": {"TRAIN": {"DATA_SOURCES": ["disk_folder"]}}}
+        run_data.synthetic_data(cfg, 2, "/tmp/unused")
+        return cfg
+
+    cfg = composed({"name": "deepclusterv2_loss",
+                    "deepclusterv2_loss": {"num_clusters": [30, 301, 3]}})
+    assert run_data.clustering_data(cfg, 2) == 2  # stop after 2 iterations
+    assert cfg["DATA"]["TRAIN"]["SYNTHETIC"]["NUM_SAMPLES"] == 302  # >= 301, whole batches
+    cfg = composed({"name": "swav_loss"})
+    assert run_data.clustering_data(cfg, 2) == 0  # the first epoch ends the run
+    assert cfg["DATA"]["TRAIN"]["SYNTHETIC"]["NUM_SAMPLES"] == 4
