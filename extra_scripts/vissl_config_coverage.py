@@ -70,112 +70,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "extra_scripts"))
 
+from vissl_config_pairing import (_load, config_names,  # noqa: E402,F401
+                                  retrieval_config)
 from vissl_config_run import pick, print_table, run_sample  # noqa: E402  (--run)
 
-DATASET_FOLDER_ENDINGS = ("dataset", "datasets")  # e.g. semi_sup_datasets: data fragments
 BASE_OVERRIDES = ("config.MACHINE.DEVICE=cpu",)
 ENV_SET = ("SSL_ENGINE_DATASET_CATALOG_PATH", "SSL_ENGINE_CONFIG_DIR")  # restored after a run
 OVERRIDES = list(BASE_OVERRIDES)  # and --override, set by main()
-
-
-def _load(path: Path):
-    """The file as plain data (PyYAML keeps the last of duplicated keys, as detectron2 does)."""
-    import yaml
-
-    try:
-        with open(path) as f:
-            return yaml.safe_load(f)
-    except Exception:  # noqa: BLE001  (unreadable: reported by the composition)
-        return None
-
-
-def _data_splits(data) -> set:
-    """The splits (TRAIN, TEST) whose data the file names."""
-    cfg = data.get("config") if isinstance(data, dict) else None
-    if retrieval_config(cfg):
-        return {"TRAIN", "TEST"}
-    splits = ((cfg or {}).get("DATA") or {}) if isinstance(cfg, dict) else {}
-    return {split for split in ("TRAIN", "TEST")
-            if isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
-                                                        or splits[split].get("DATASET_NAMES"))}
-
-
-def _run_splits(data) -> set:
-    """The splits the file runs, with VISSL's (and the engine's) defaults TEST_MODEL true and
-    TEST_ONLY false for what it does not set."""
-    cfg = data.get("config") if isinstance(data, dict) else None
-    cfg = cfg if isinstance(cfg, dict) else {}
-    test_only = bool(cfg.get("TEST_ONLY", False))
-    return ({"TEST"} if test_only or cfg.get("TEST_MODEL", True) else set()) | (
-        set() if test_only else {"TRAIN"})
-
-
-def retrieval_config(cfg) -> bool:
-    """Whether the ``config`` section names its images by IMG_RETRIEVAL.DATASET_PATH: a file
-    VISSL runs with tools/instance_retrieval_test.py, whose DATA names nothing."""
-    section = cfg.get("IMG_RETRIEVAL") if isinstance(cfg, dict) else None
-    return isinstance(section, dict) and bool(section.get("DATASET_PATH"))
-
-
-def config_names(root: Path):
-    """(name, [hydra arguments]) of every engine config file, base files alone and fragments
-    over a base; and the names of the files that are not engine configs."""
-    rels, bases, with_data, foreign = [], set(), set(), []
-    for path in sorted(root.rglob("*.yaml")):
-        rel = path.relative_to(root).with_suffix("")
-        data = _load(path)
-        if isinstance(data, dict) and "config" not in data and "defaults" not in data:
-            foreign.append(str(rel))
-            continue
-        rels.append(rel)
-        named = _data_splits(data)
-        if named:
-            with_data.add(rel)
-            if (_run_splits(data) <= named
-                    and not rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)):
-                bases.add(rel)
-
-    def first_base(folder: Path, among=bases):
-        found = sorted(r for r in among if r.parent == folder)
-        return found[0] if found else None
-
-    out = []
-    for rel in rels:
-        if rel in bases:
-            out.append((str(rel), [f"config={rel}"]))
-            continue
-        args = []
-        for folder in rel.parents:
-            base = first_base(folder) if folder != rel.parent else None  # not a sibling
-            if base is not None:
-                args = [f"config={base}"]
-                break
-            dataset = next((b for name in ("dataset", "datasets")
-                            for b in [first_base(folder / name, with_data)] if b is not None
-                            and folder / name not in rel.parents), None)
-            if dataset is not None:
-                args = [f"config={dataset}"]
-                break
-        out.append((str(rel), args + [f"+config/{rel.parent}={rel.name}"]))
-    return _pair_lone_data_files(out), foreign
-
-
-def _pair_lone_data_files(out):
-    """A data file of a dataset(s) folder with no base above it goes with the fragment that
-    VISSL's folders pair with that folder (the first by name of those composed after the
-    folder's first data file): its data under that model, as a user runs it."""
-    partner = {}
-    for name, args in out:
-        if len(args) == 2 and args[0].startswith("config="):
-            partner.setdefault(Path(args[0][len("config="):]).parent, (name, args[1]))
-    paired = []
-    for name, args in out:
-        rel = Path(name)
-        lone = len(args) == 1 and rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)
-        if lone and rel.parent in partner:
-            args = [f"config={rel}", partner[rel.parent][1]]
-        paired.append((name, args))
-    return paired
 
 
 def _merge(into: dict, update: dict) -> None:

@@ -297,3 +297,57 @@ def test_run_gives_deepclusterv2_a_sample_per_cluster_and_stops_after_two_iterat
     cfg = composed({"name": "swav_loss"})
     assert run_data.clustering_data(cfg, 2) == 0  # the first epoch ends the run
     assert cfg["DATA"]["TRAIN"]["SYNTHETIC"]["NUM_SAMPLES"] == 4
+
+
+PAIRING_DATA = "  DATA: {TRAIN: {DATA_SOURCES: [synthetic]}}\n  TEST_MODEL: false\n"
+PAIRING_TREE = {
+    # two bases of one folder, written for different students, teachers and trunks
+    "distill/a_features": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[identity, {}]]}}\n"
+    "  DISTILLATION: {TEACHER_MODEL: {HEAD: {PARAMS: [[identity, {}]]}}}\n",
+    "distill/b_logits": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [2048, 1000]}]]}}\n"
+    "  DISTILLATION: {TEACHER_MODEL: {HEAD: {PARAMS: [[mlp, {dims: [2048, 1000]}]]}}}\n",
+    "distill/c_masking": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [384, 7]}]]},"
+    " TRUNK: {VISION_TRANSFORMERS: {MASKED_IMAGE_MODELING: {NAME: ibot}}}}\n",
+    "distill/student/tiny_logits": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [192, 1000]}]]}}\n",
+    "distill/student/tiny_other_size": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [192, 5]}]]}}\n",
+    "distill/teacher/vit_logits":
+        "  DISTILLATION: {TEACHER_MODEL: {HEAD: {PARAMS: [[mlp, {dims: [384, 1000]}]]}}}\n",
+    "distill/trunks/vit_s": "  MODEL: {TRUNK: {VISION_TRANSFORMERS: {HIDDEN_DIM: 384}}}\n",
+    "distill/transforms/mim": "  DATA: {TRAIN: {INPUT_KEY_NAMES: [global_views, mask]}}\n",
+    "distill/optim/sgd": "  OPTIMIZER: {name: sgd}\n",
+    # a fragment whose name points to a sibling folder: composed after that folder's first file
+    "geo/eval": PAIRING_DATA,
+    "geo/partitioning/middle": "  GEO_LOCALIZATION: {TRAIN_LABEL_MAPPING: cells.csv}\n",
+    "geo/models_middle/b_net": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [8, 3]}]]}}\n",
+    "geo/models_middle/a_net": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [8, 3]}]]}}\n",
+}
+
+
+def test_fragments_pair_with_the_base_and_sibling_they_were_written_for(tmp_path):
+    sys.path.insert(0, str(REPO / "extra_scripts"))
+    import vissl_config_pairing as pairing
+
+    root = tmp_path / "config"
+    write_tree(root, PAIRING_TREE)
+    pairs = dict(pairing.config_names(root)[0])
+
+    def base(name):
+        return pairs[name][0][len("config="):]
+
+    assert base("distill/student/tiny_logits") == "distill/b_logits"  # same heads, same size
+    assert base("distill/teacher/vit_logits") == "distill/b_logits"  # the teacher's heads
+    assert base("distill/student/tiny_other_size") == "distill/a_features"  # none fits: first
+    assert base("distill/trunks/vit_s") == "distill/a_features"  # identity takes any size
+    assert base("distill/transforms/mim") == "distill/c_masking"  # a student that masks
+    assert base("distill/optim/sgd") == "distill/a_features"  # says nothing: the first base
+    assert pairs["geo/partitioning/middle"] == [
+        "config=geo/eval", "+config/geo/models_middle=a_net", "+config/geo/partitioning=middle"]
+    assert pairs["geo/models_middle/b_net"] == ["config=geo/eval", "+config/geo/models_middle=b_net"]
+    # a trunk whose features the first head does not take goes over a base whose head does
+    tree = dict(PAIRING_TREE)
+    tree["distill/a_features"] = PAIRING_DATA + \
+        "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [2048, 10]}]]}}\n"
+    other = tmp_path / "other"
+    write_tree(other / "config", tree)
+    pairs = dict(pairing.config_names(other / "config")[0])
+    assert pairs["distill/trunks/vit_s"][0] == "config=distill/c_masking"
