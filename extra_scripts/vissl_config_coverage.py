@@ -24,12 +24,26 @@ other file is a fragment that VISSL's docs add to a base config with ``config=<b
 data setting (semi_sup_datasets/...); or a file that names the data of one split but runs
 another without data (a jigsaw permutation's or PIRL's transforms with their TRAIN data, meant
 for the method's base file that turns TEST_MODEL off; VISSL's DINO trunk-only extraction
-config, whose TEST split is given by feature_extraction/dataset/...). It is composed over the
-first base file (by name) of the nearest folder above it that holds base files, as in VISSL's
-benchmark instructions (e.g. benchmark/fulltune/cifar10/models/resnet50 over
+config, whose TEST split is given by feature_extraction/dataset/...). It is composed over a
+base file of the nearest folder above it that holds base files, as in VISSL's benchmark
+instructions (e.g. benchmark/fulltune/cifar10/models/resnet50 over
 benchmark/fulltune/cifar10/<its config>, feature_extraction/trunk_only/rn50_layers over
-feature_extraction/extract_resnet_in1k_8gpu), or else after the first file that names data in
-a ``dataset``/``datasets`` folder inside its own folder or beside one of the folders above it
+feature_extraction/extract_resnet_in1k_8gpu): the first (by name) of those it was written for
+(``vissl_config_pairing.fits``, from what the fragment itself says): heads it gives the
+student (MODEL.HEAD) or the distillation teacher (DISTILLATION.TEACHER_MODEL.HEAD) are the same
+kinds, in order, as that model's heads in the base and end in the same size where both say it
+(a logit-distillation student over the logit-distillation base, an MSN teacher over the MSN
+distillation base); a trunk it gives without heads has a feature size (a transformer's
+HIDDEN_DIM) that the base's first head takes (its first dims; identity takes any); data with
+a mask input (INPUT_KEY_NAMES) goes over a base whose student trunk masks (iBOT's or MSN's).
+Where no base fits, the first base by name. A fragment that names no data also brings the
+fragment it was written to go with: the first file (by name) of the sibling folder its name
+points to (``<anything>_<its name>``: geolocalization/partitioning/middle with
+models_middle/...), or, for heads without a trunk whose first head takes another input size
+than the base's head of that kind, the first file of a sibling folder giving a trunk whose
+head of that kind takes that size (pretrain/swav/heads/d7392_... with models/regnet128Gf).
+A fragment with no base file above it is composed after the first file that names data in a
+``dataset``/``datasets`` folder inside its own folder or beside one of the folders above it
 (fairness/extract_label_predictions/models/... after .../datasets/...,
 feature_extraction/extract_dino_vit_trunk_only after feature_extraction/dataset/imagenette160).
 A data file of such a folder with no base above it is composed under the first (by name) of

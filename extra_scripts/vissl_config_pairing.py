@@ -86,7 +86,8 @@ def config_names(root: Path):
             if dataset is not None:
                 args = [f"config={dataset}"]
                 break
-        partner = None if rel in with_data else named_partner(rel, rels)
+        partner = None if rel in with_data else (
+            named_partner(rel, rels) or trunk_partner(rel, args, rels, loaded))
         if args and partner is not None:
             args.append(f"+config/{partner.parent}={partner.name}")
         out.append((str(rel), args + [f"+config/{rel.parent}={rel.name}"]))
@@ -101,6 +102,33 @@ def named_partner(rel: Path, rels):
     found = sorted(r for r in rels if r.parent.parent == rel.parent.parent
                    and r.parent != rel.parent
                    and r.parent.name.lower().endswith("_" + rel.name.lower()))
+    return found[0] if found else None
+
+
+def _first_input(data):
+    """(name, dims[0]) of the student's first head, or None."""
+    heads = _section(data, "MODEL", "HEAD", "PARAMS")
+    first = heads[0] if heads and isinstance(heads[0], (list, tuple)) and heads[0] else None
+    params = first[1] if first and len(first) > 1 and isinstance(first[1], dict) else {}
+    dims = params.get("dims")
+    return (first[0], dims[0]) if first and isinstance(dims, list) and dims else None
+
+
+def trunk_partner(rel: Path, args, rels, loaded):
+    """For a heads fragment (heads, no trunk) whose first head takes another input size than the base's first
+    head of that kind (a head written for another trunk): the first file (by name) of a
+    sibling folder that gives the trunk it was written for, i.e. whose first head of the same
+    kind takes that size (pretrain/swav/heads/d7392_... goes with models/regnet128Gf)."""
+    given = _first_input(loaded[rel])
+    if _section(loaded[rel], "MODEL", "TRUNK"):  # it gives its trunk itself
+        return None
+    base = Path(args[0][len("config="):]) if args and args[0].startswith("config=") else None
+    had = _first_input(loaded.get(base)) if base is not None else None
+    if given is None or had is None or given[0] != had[0] or given[1] == had[1]:
+        return None
+    found = sorted(r for r in rels if r.parent.parent == rel.parent.parent
+                   and r.parent != rel.parent and _first_input(loaded[r]) == given
+                   and _section(loaded[r], "MODEL", "TRUNK"))
     return found[0] if found else None
 
 

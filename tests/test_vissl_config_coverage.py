@@ -320,6 +320,14 @@ PAIRING_TREE = {
     "geo/partitioning/middle": "  GEO_LOCALIZATION: {TRAIN_LABEL_MAPPING: cells.csv}\n",
     "geo/models_middle/b_net": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [8, 3]}]]}}\n",
     "geo/models_middle/a_net": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [8, 3]}]]}}\n",
+    # a heads fragment for another trunk: composed after the sibling fragment giving that trunk
+    "sw/base": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[swav_head, {dims: [2048, 128]}]]}}\n",
+    "sw/heads/wide": "  MODEL: {HEAD: {PARAMS: [[swav_head, {dims: [7392, 256]}]]}}\n",
+    "sw/heads/same": "  MODEL: {HEAD: {PARAMS: [[swav_head, {dims: [2048, 256]}]]}}\n",
+    "sw/models/a_small": "  MODEL: {TRUNK: {NAME: regnet},"
+    " HEAD: {PARAMS: [[swav_head, {dims: [512, 128]}]]}}\n",
+    "sw/models/b_wide": "  MODEL: {TRUNK: {NAME: regnet},"
+    " HEAD: {PARAMS: [[swav_head, {dims: [7392, 128]}]]}}\n",
 }
 
 
@@ -343,6 +351,10 @@ def test_fragments_pair_with_the_base_and_sibling_they_were_written_for(tmp_path
     assert pairs["geo/partitioning/middle"] == [
         "config=geo/eval", "+config/geo/models_middle=a_net", "+config/geo/partitioning=middle"]
     assert pairs["geo/models_middle/b_net"] == ["config=geo/eval", "+config/geo/models_middle=b_net"]
+    assert pairs["sw/heads/wide"] == [
+        "config=sw/base", "+config/sw/models=b_wide", "+config/sw/heads=wide"]
+    assert pairs["sw/heads/same"] == ["config=sw/base", "+config/sw/heads=same"]
+    assert pairs["sw/models/a_small"] == ["config=sw/base", "+config/sw/models=a_small"]
     # a trunk whose features the first head does not take goes over a base whose head does
     tree = dict(PAIRING_TREE)
     tree["distill/a_features"] = PAIRING_DATA + \
