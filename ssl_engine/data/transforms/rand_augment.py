@@ -25,7 +25,9 @@ CHOICE_WEIGHTS = {0: {
 class RandAugment:
     """``num_layers`` operations drawn per image, each applied with probability 0.5 at a
     magnitude drawn from N(``magnitude``, ``magnitude_std``) (of 10); with
-    ``increasing_severity`` the operations whose strength grows with the magnitude. Other
+    ``increasing_severity`` the operations whose strength grows with the magnitude; with
+    ``weight_choice: 0`` the operations are drawn without replacement with the probabilities of
+    ``CHOICE_WEIGHTS[0]`` instead of uniformly (``WeightedChoice``). Other
     keyword arguments are timm's hparams (e.g. ``translate_const``, ``img_mean``)."""
 
     random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
