@@ -24,12 +24,26 @@ other file is a fragment that VISSL's docs add to a base config with ``config=<b
 data setting (semi_sup_datasets/...); or a file that names the data of one split but runs
 another without data (a jigsaw permutation's or PIRL's transforms with their TRAIN data, meant
 for the method's base file that turns TEST_MODEL off; VISSL's DINO trunk-only extraction
-config, whose TEST split is given by feature_extraction/dataset/...). It is composed over the
-first base file (by name) of the nearest folder above it that holds base files, as in VISSL's
-benchmark instructions (e.g. benchmark/fulltune/cifar10/models/resnet50 over
+config, whose TEST split is given by feature_extraction/dataset/...). It is composed over a
+base file of the nearest folder above it that holds base files, as in VISSL's benchmark
+instructions (e.g. benchmark/fulltune/cifar10/models/resnet50 over
 benchmark/fulltune/cifar10/<its config>, feature_extraction/trunk_only/rn50_layers over
-feature_extraction/extract_resnet_in1k_8gpu), or else after the first file that names data in
-a ``dataset``/``datasets`` folder inside its own folder or beside one of the folders above it
+feature_extraction/extract_resnet_in1k_8gpu): the first (by name) of those it was written for
+(``vissl_config_pairing.fits``, from what the fragment itself says): heads it gives the
+student (MODEL.HEAD) or the distillation teacher (DISTILLATION.TEACHER_MODEL.HEAD) are the same
+kinds, in order, as that model's heads in the base and end in the same size where both say it
+(a logit-distillation student over the logit-distillation base, an MSN teacher over the MSN
+distillation base); a trunk it gives without heads has a feature size (a transformer's
+HIDDEN_DIM) that the base's first head takes (its first dims; identity takes any); data with
+a mask input (INPUT_KEY_NAMES) goes over a base whose student trunk masks (iBOT's or MSN's).
+Where no base fits, the first base by name. A fragment that names no data also brings the
+fragment it was written to go with: the first file (by name) of the sibling folder its name
+points to (``<anything>_<its name>``: geolocalization/partitioning/middle with
+models_middle/...), or, for heads without a trunk whose first head takes another input size
+than the base's head of that kind, the first file of a sibling folder giving a trunk whose
+head of that kind takes that size (pretrain/swav/heads/d7392_... with models/regnet128Gf).
+A fragment with no base file above it is composed after the first file that names data in a
+``dataset``/``datasets`` folder inside its own folder or beside one of the folders above it
 (fairness/extract_label_predictions/models/... after .../datasets/...,
 feature_extraction/extract_dino_vit_trunk_only after feature_extraction/dataset/imagenette160).
 A data file of such a folder with no base above it is composed under the first (by name) of
@@ -70,112 +84,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "extra_scripts"))
 
+from vissl_config_pairing import (_load, config_names,  # noqa: E402,F401
+                                  retrieval_config)
 from vissl_config_run import pick, print_table, run_sample  # noqa: E402  (--run)
 
-DATASET_FOLDER_ENDINGS = ("dataset", "datasets")  # e.g. semi_sup_datasets: data fragments
 BASE_OVERRIDES = ("config.MACHINE.DEVICE=cpu",)
 ENV_SET = ("SSL_ENGINE_DATASET_CATALOG_PATH", "SSL_ENGINE_CONFIG_DIR")  # restored after a run
 OVERRIDES = list(BASE_OVERRIDES)  # and --override, set by main()
-
-
-def _load(path: Path):
-    """The file as plain data (PyYAML keeps the last of duplicated keys, as detectron2 does)."""
-    import yaml
-
-    try:
-        with open(path) as f:
-            return yaml.safe_load(f)
-    except Exception:  # noqa: BLE001  (unreadable: reported by the composition)
-        return None
-
-
-def _data_splits(data) -> set:
-    """The splits (TRAIN, TEST) whose data the file names."""
-    cfg = data.get("config") if isinstance(data, dict) else None
-    if retrieval_config(cfg):
-        return {"TRAIN", "TEST"}
-    splits = ((cfg or {}).get("DATA") or {}) if isinstance(cfg, dict) else {}
-    return {split for split in ("TRAIN", "TEST")
-            if isinstance(splits.get(split), dict) and (splits[split].get("DATA_SOURCES")
-                                                        or splits[split].get("DATASET_NAMES"))}
-
-
-def _run_splits(data) -> set:
-    """The splits the file runs, with VISSL's (and the engine's) defaults TEST_MODEL true and
-    TEST_ONLY false for what it does not set."""
-    cfg = data.get("config") if isinstance(data, dict) else None
-    cfg = cfg if isinstance(cfg, dict) else {}
-    test_only = bool(cfg.get("TEST_ONLY", False))
-    return ({"TEST"} if test_only or cfg.get("TEST_MODEL", True) else set()) | (
-        set() if test_only else {"TRAIN"})
-
-
-def retrieval_config(cfg) -> bool:
-    """Whether the ``config`` section names its images by IMG_RETRIEVAL.DATASET_PATH: a file
-    VISSL runs with tools/instance_retrieval_test.py, whose DATA names nothing."""
-    section = cfg.get("IMG_RETRIEVAL") if isinstance(cfg, dict) else None
-    return isinstance(section, dict) and bool(section.get("DATASET_PATH"))
-
-
-def config_names(root: Path):
-    """(name, [hydra arguments]) of every engine config file, base files alone and fragments
-    over a base; and the names of the files that are not engine configs."""
-    rels, bases, with_data, foreign = [], set(), set(), []
-    for path in sorted(root.rglob("*.yaml")):
-        rel = path.relative_to(root).with_suffix("")
-        data = _load(path)
-        if isinstance(data, dict) and "config" not in data and "defaults" not in data:
-            foreign.append(str(rel))
-            continue
-        rels.append(rel)
-        named = _data_splits(data)
-        if named:
-            with_data.add(rel)
-            if (_run_splits(data) <= named
-                    and not rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)):
-                bases.add(rel)
-
-    def first_base(folder: Path, among=bases):
-        found = sorted(r for r in among if r.parent == folder)
-        return found[0] if found else None
-
-    out = []
-    for rel in rels:
-        if rel in bases:
-            out.append((str(rel), [f"config={rel}"]))
-            continue
-        args = []
-        for folder in rel.parents:
-            base = first_base(folder) if folder != rel.parent else None  # not a sibling
-            if base is not None:
-                args = [f"config={base}"]
-                break
-            dataset = next((b for name in ("dataset", "datasets")
-                            for b in [first_base(folder / name, with_data)] if b is not None
-                            and folder / name not in rel.parents), None)
-            if dataset is not None:
-                args = [f"config={dataset}"]
-                break
-        out.append((str(rel), args + [f"+config/{rel.parent}={rel.name}"]))
-    return _pair_lone_data_files(out), foreign
-
-
-def _pair_lone_data_files(out):
-    """A data file of a dataset(s) folder with no base above it goes with the fragment that
-    VISSL's folders pair with that folder (the first by name of those composed after the
-    folder's first data file): its data under that model, as a user runs it."""
-    partner = {}
-    for name, args in out:
-        if len(args) == 2 and args[0].startswith("config="):
-            partner.setdefault(Path(args[0][len("config="):]).parent, (name, args[1]))
-    paired = []
-    for name, args in out:
-        rel = Path(name)
-        lone = len(args) == 1 and rel.parent.name.lower().endswith(DATASET_FOLDER_ENDINGS)
-        if lone and rel.parent in partner:
-            args = [f"config={rel}", partner[rel.parent][1]]
-        paired.append((name, args))
-    return paired
 
 
 def _merge(into: dict, update: dict) -> None:

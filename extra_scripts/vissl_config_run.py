@@ -17,7 +17,10 @@ source (``synthetic_data``), and runs the config's engine in one CPU process:
 - ``train``: the config's model, loss, heads, optimizer, schedulers, collator, transforms and
   hooks as written, on ``2 * BATCHSIZE`` synthetic images (BATCHSIZE given, default 2), so
   that the first epoch is 2 iterations, then its test phase when the config tests every
-  epoch; the run ends when the second epoch would start (or at its own end);
+  epoch; the run ends when the second epoch would start (or at its own end). DeepCluster v2
+  (``deepclusterv2_loss``) gets as many synthetic images as its largest ``num_clusters``
+  (``clustering_data``: k-means needs a sample per centroid; the loss fills its memory with a
+  pass over all of them before the first epoch, as VISSL's did) and stops after 2 iterations;
 - extraction engines (``extract_features``, ``extract_label_predictions``, ...): their whole
   run over the same tiny splits;
 - the files VISSL runs with a tool of its own (``tool_of``): that tool's way, the features of
@@ -50,7 +53,7 @@ import traceback
 from collections import defaultdict
 from pathlib import Path
 
-from vissl_run_data import (offline_permutations, random_teacher, synthetic_data,  # noqa: F401
+from vissl_run_data import (clustering_data, offline_permutations, random_teacher, synthetic_data,  # noqa: F401
                             tiny_retrieval_data)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,10 +192,13 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
         def __init__(self):
             super().__init__()
             self.iterations = 0
+            self.stop_after = 0  # iterations, when the epoch is longer than the sample run
 
         def on_step(self, task):
             if task.train:
                 self.iterations = task.iteration
+                if self.stop_after and self.iterations >= self.stop_after:
+                    raise FirstEpochDone()
 
         def on_phase_start(self, task):
             if task.train and task.iteration > 0:
@@ -205,6 +211,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
     with tempfile.TemporaryDirectory(prefix="vissl_run_") as folder:
         composed = coverage.compose_fast(Path(tree), hydra_args, schema)
         synthetic_data(composed["config"], batch, folder)
+        stopper.stop_after = clustering_data(composed["config"], batch)
         offline_permutations(composed["config"], folder)
         validate_config(composed, schema)
         engine_name = composed.get("engine_name", "train")

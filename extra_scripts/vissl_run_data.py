@@ -1,6 +1,6 @@
 """What ``vissl_config_coverage.py --run`` puts in place of the data and files a VISSL config
 names and this offline machine cannot have (vissl_config_run.py runs the configs): synthetic
-images, a seeded stand-in of jigsaw's published permutation files, a distillation teacher with
+images (for DeepCluster v2 as many as its clusters), a seeded stand-in of jigsaw's published permutation files, a distillation teacher with
 random weights, and tiny instance-retrieval datasets."""
 import os
 import re
@@ -45,6 +45,24 @@ def synthetic_data(cfg: dict, batch: int, checkpoint_dir: str) -> None:
     init = cfg.setdefault("MODEL", {}).setdefault("WEIGHTS_INIT", {})
     init["PARAMS_FILE"] = ""
     cfg.setdefault("HOOKS", {}).setdefault("RUN_REPORT", {})["ENABLED"] = False
+
+
+def clustering_data(cfg: dict, batch: int) -> int:
+    """A ``deepclusterv2_loss`` run: as many synthetic training images as its largest
+    ``num_clusters`` (rounded up to whole batches), since k-means needs a sample per centroid and
+    the loss, as VISSL's, fills its memory with a pass over the whole training set before the
+    first epoch and clusters it at the epoch's start. Returns the number of training iterations
+    after which the run stops (2), or 0 for any other loss (its run ends with its first epoch)."""
+    loss = cfg.get("LOSS") or {}
+    if loss.get("name") != "deepclusterv2_loss":
+        return 0
+    clusters = max([int(c) for c in (loss.get("deepclusterv2_loss") or {}).get(
+        "num_clusters") or [0]] or [0])
+    synthetic = ((cfg.get("DATA") or {}).get("TRAIN") or {}).get("SYNTHETIC")
+    if synthetic is None or clusters <= synthetic["NUM_SAMPLES"]:
+        return 0
+    synthetic["NUM_SAMPLES"] = -(-clusters // batch) * batch
+    return 2
 
 
 def offline_permutations(cfg: dict, folder: str) -> None:

@@ -278,3 +278,20 @@ def test_xcit_names_pass_the_checks_and_eta_reads_as_a_number():
 def test_bad_settings_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ValueError, match=f"config.MODEL.TRUNK.XCIT.{message}"):
         build_model(xcit_cfg(**overrides))
+
+
+def test_checkpointed_blocks_recompute_on_their_own_grid_after_a_second_resolution():
+    """Multi-crop: the trunk runs on 32-pixel then 16-pixel images before one backward; the
+    checkpointed blocks of the first call are recomputed on their own 4x4 grid (not the
+    second call's 2x2), giving the gradients of the run without checkpointing."""
+    grads = []
+    for checkpointed in (False, True):
+        model = make_model(CHECKPOINT_XCA_BLOCK=checkpointed, CHECKPOINT_ATTN_BLOCK=checkpointed)
+        first, second = images(2, seed=3), images(2, seed=4, size=(16, 16))
+        loss = sum((out ** 2).sum() for x in (first, second) for out in model(x))
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -279,3 +279,87 @@ def test_rerun_reads_a_logs_failures_and_merges_the_tables_of_logs(tmp_path, cap
     out = capsys.readouterr().out
     assert "ran 3 configs for real (23 s): 2 ran, 1 failed (1 reasons)" in out
     assert "    1  MemoryError: too large  [c/z]" in out and "bad size" not in out
+
+
+def test_run_gives_deepclusterv2_a_sample_per_cluster_and_stops_after_two_iterations():
+    sys.path.insert(0, str(REPO / "extra_scripts"))
+    import vissl_run_data as run_data
+
+    def composed(loss):
+        cfg = {"LOSS": loss, "DATA": {"TRAIN": {"DATA_SOURCES": ["disk_folder"]}}}
+        run_data.synthetic_data(cfg, 2, "/tmp/unused")
+        return cfg
+
+    cfg = composed({"name": "deepclusterv2_loss",
+                    "deepclusterv2_loss": {"num_clusters": [30, 301, 3]}})
+    assert run_data.clustering_data(cfg, 2) == 2  # stop after 2 iterations
+    assert cfg["DATA"]["TRAIN"]["SYNTHETIC"]["NUM_SAMPLES"] == 302  # >= 301, whole batches
+    cfg = composed({"name": "swav_loss"})
+    assert run_data.clustering_data(cfg, 2) == 0  # the first epoch ends the run
+    assert cfg["DATA"]["TRAIN"]["SYNTHETIC"]["NUM_SAMPLES"] == 4
+
+
+PAIRING_DATA = "  DATA: {TRAIN: {DATA_SOURCES: [synthetic]}}\n  TEST_MODEL: false\n"
+PAIRING_TREE = {
+    # two bases of one folder, written for different students, teachers and trunks
+    "distill/a_features": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[identity, {}]]}}\n"
+    "  DISTILLATION: {TEACHER_MODEL: {HEAD: {PARAMS: [[identity, {}]]}}}\n",
+    "distill/b_logits": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [2048, 1000]}]]}}\n"
+    "  DISTILLATION: {TEACHER_MODEL: {HEAD: {PARAMS: [[mlp, {dims: [2048, 1000]}]]}}}\n",
+    "distill/c_masking": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [384, 7]}]]},"
+    " TRUNK: {VISION_TRANSFORMERS: {MASKED_IMAGE_MODELING: {NAME: ibot}}}}\n",
+    "distill/student/tiny_logits": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [192, 1000]}]]}}\n",
+    "distill/student/tiny_other_size": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [192, 5]}]]}}\n",
+    "distill/teacher/vit_logits":
+        "  DISTILLATION: {TEACHER_MODEL: {HEAD: {PARAMS: [[mlp, {dims: [384, 1000]}]]}}}\n",
+    "distill/trunks/vit_s": "  MODEL: {TRUNK: {VISION_TRANSFORMERS: {HIDDEN_DIM: 384}}}\n",
+    "distill/transforms/mim": "  DATA: {TRAIN: {INPUT_KEY_NAMES: [global_views, mask]}}\n",
+    "distill/optim/sgd": "  OPTIMIZER: {name: sgd}\n",
+    # a fragment whose name points to a sibling folder: composed after that folder's first file
+    "geo/eval": PAIRING_DATA,
+    "geo/partitioning/middle": "  GEO_LOCALIZATION: {TRAIN_LABEL_MAPPING: cells.csv}\n",
+    "geo/models_middle/b_net": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [8, 3]}]]}}\n",
+    "geo/models_middle/a_net": "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [8, 3]}]]}}\n",
+    # a heads fragment for another trunk: composed after the sibling fragment giving that trunk
+    "sw/base": PAIRING_DATA + "  MODEL: {HEAD: {PARAMS: [[swav_head, {dims: [2048, 128]}]]}}\n",
+    "sw/heads/wide": "  MODEL: {HEAD: {PARAMS: [[swav_head, {dims: [7392, 256]}]]}}\n",
+    "sw/heads/same": "  MODEL: {HEAD: {PARAMS: [[swav_head, {dims: [2048, 256]}]]}}\n",
+    "sw/models/a_small": "  MODEL: {TRUNK: {NAME: regnet},"
+    " HEAD: {PARAMS: [[swav_head, {dims: [512, 128]}]]}}\n",
+    "sw/models/b_wide": "  MODEL: {TRUNK: {NAME: regnet},"
+    " HEAD: {PARAMS: [[swav_head, {dims: [7392, 128]}]]}}\n",
+}
+
+
+def test_fragments_pair_with_the_base_and_sibling_they_were_written_for(tmp_path):
+    sys.path.insert(0, str(REPO / "extra_scripts"))
+    import vissl_config_pairing as pairing
+
+    root = tmp_path / "config"
+    write_tree(root, PAIRING_TREE)
+    pairs = dict(pairing.config_names(root)[0])
+
+    def base(name):
+        return pairs[name][0][len("config="):]
+
+    assert base("distill/student/tiny_logits") == "distill/b_logits"  # same heads, same size
+    assert base("distill/teacher/vit_logits") == "distill/b_logits"  # the teacher's heads
+    assert base("distill/student/tiny_other_size") == "distill/a_features"  # none fits: first
+    assert base("distill/trunks/vit_s") == "distill/a_features"  # identity takes any size
+    assert base("distill/transforms/mim") == "distill/c_masking"  # a student that masks
+    assert base("distill/optim/sgd") == "distill/a_features"  # says nothing: the first base
+    assert pairs["geo/partitioning/middle"] == [
+        "config=geo/eval", "+config/geo/models_middle=a_net", "+config/geo/partitioning=middle"]
+    assert pairs["geo/models_middle/b_net"] == ["config=geo/eval", "+config/geo/models_middle=b_net"]
+    assert pairs["sw/heads/wide"] == [
+        "config=sw/base", "+config/sw/models=b_wide", "+config/sw/heads=wide"]
+    assert pairs["sw/heads/same"] == ["config=sw/base", "+config/sw/heads=same"]
+    assert pairs["sw/models/a_small"] == ["config=sw/base", "+config/sw/models=a_small"]
+    # a trunk whose features the first head does not take goes over a base whose head does
+    tree = dict(PAIRING_TREE)
+    tree["distill/a_features"] = PAIRING_DATA + \
+        "  MODEL: {HEAD: {PARAMS: [[mlp, {dims: [2048, 10]}]]}}\n"
+    other = tmp_path / "other"
+    write_tree(other / "config", tree)
+    pairs = dict(pairing.config_names(other / "config")[0])
+    assert pairs["distill/trunks/vit_s"][0] == "config=distill/c_masking"

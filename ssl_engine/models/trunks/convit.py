@@ -57,7 +57,7 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
-from ssl_engine.models.trunks.transformer_parts import init_linear_and_norms, run_blocks
+from ssl_engine.models.trunks.transformer_parts import OnGrid, init_linear_and_norms, run_blocks
 
 VIT = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 CONVIT = "config.MODEL.TRUNK.CONVIT"
@@ -306,9 +306,8 @@ class ConViTTrunk(StagedTrunk):
         x = self.patch_embed.proj(x)
         grid = (x.shape[2], x.shape[3])
         x = self.pos_drop(x.flatten(2).transpose(1, 2) + self._position_embedding(grid))
-        for block in self.blocks[:self.n_gpsa_layers]:
-            block.attn.grid = grid
-        x = run_blocks(self.blocks[:self.n_gpsa_layers], x, self.checkpoint_splits)
+        gpsa = [OnGrid(block, block.attn, grid) for block in self.blocks[:self.n_gpsa_layers]]
+        x = run_blocks(gpsa, x, self.checkpoint_splits)
         x = torch.cat([self.class_token.expand(len(x), -1, -1), x], dim=1)
         x = self.norm(run_blocks(self.blocks[self.n_gpsa_layers:], x, self.checkpoint_splits))
         found = {"lastCLS": x[:, 0], "lastPOOL": x.mean(dim=1)}

@@ -29,6 +29,23 @@ class Mlp(nn.Module):
 
 
 
+class OnGrid(nn.Module):
+    """``block`` called with ``holder.grid`` set to ``grid`` first. The token grid of the input
+    travels with each call (not as the holder's state between calls), so that a checkpointed
+    block recomputed in the backward pass uses its own input's grid even when the trunk has
+    since run on another resolution (multi-crop: global, then local crops)."""
+
+    def __init__(self, block: nn.Module, holder: nn.Module, grid):
+        super().__init__()
+        self.block = block
+        self._holder = [holder]  # not a submodule: the block holds it
+        self.grid = tuple(grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._holder[0].grid = self.grid
+        return self.block(x)
+
+
 def run_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, splits: int) -> torch.Tensor:
     """``blocks`` applied to ``x`` in order: as ``splits`` checkpointed segments while gradients
     are recorded (``splits`` > 0), else one after another. ConViT's and XCiT's forward."""

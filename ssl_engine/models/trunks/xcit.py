@@ -56,8 +56,8 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
-from ssl_engine.models.trunks.transformer_parts import (Mlp, config_number, init_linear_and_norms,
-                                                       run_blocks)
+from ssl_engine.models.trunks.transformer_parts import (Mlp, OnGrid, config_number,
+                                                       init_linear_and_norms, run_blocks)
 
 logger = logging.getLogger(__name__)
 
@@ -327,10 +327,9 @@ class XCiTTrunk(StagedTrunk):
         keys = self.check_out_feat_keys(out_feat_keys)
         x, grid = self.patch_embed(x)
         x = self.pos_drop(x + self.pos_embeder(*grid))
-        for block in self.blocks:
-            block.grid = grid
+        blocks = [OnGrid(block, block, grid) for block in self.blocks]
         # checkpointed: one segment per block
-        x = run_blocks(self.blocks, x, len(self.blocks) if self.checkpoint_xca else 0)
+        x = run_blocks(blocks, x, len(blocks) if self.checkpoint_xca else 0)
         x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1)
         splits = len(self.cls_attn_blocks) if self.checkpoint_class_attention else 0
         x = self.norm(run_blocks(self.cls_attn_blocks, x, splits))
