@@ -136,3 +136,19 @@ def small_tmpfs(folder: Path, size: str = "2m"):
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=True)
+
+
+def assert_checkpointing_keeps_gradients(make_model, inputs) -> None:
+    """``make_model(checkpointed)`` built without, then with, activation checkpointing and run
+    on each of ``inputs`` (e.g. multi-crop resolutions) before one backward: the same
+    gradients."""
+    grads = []
+    for checkpointed in (False, True):
+        model = make_model(checkpointed)
+        loss = sum((out ** 2).sum() for x in inputs for out in model(x))
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)

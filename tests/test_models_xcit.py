@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from engine_utils import assert_checkpointing_keeps_gradients
 from ssl_engine.checkpoint import load_weights_init
 from ssl_engine.checkpoint.formats import (load_vissl_model_weights, vissl_checkpoint,
                                            vissl_key_prefix)
@@ -284,14 +285,7 @@ def test_checkpointed_blocks_recompute_on_their_own_grid_after_a_second_resoluti
     """Multi-crop: the trunk runs on 32-pixel then 16-pixel images before one backward; the
     checkpointed blocks of the first call are recomputed on their own 4x4 grid (not the
     second call's 2x2), giving the gradients of the run without checkpointing."""
-    grads = []
-    for checkpointed in (False, True):
-        model = make_model(CHECKPOINT_XCA_BLOCK=checkpointed, CHECKPOINT_ATTN_BLOCK=checkpointed)
-        first, second = images(2, seed=3), images(2, seed=4, size=(16, 16))
-        loss = sum((out ** 2).sum() for x in (first, second) for out in model(x))
-        loss.backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
-                      if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_checkpointing_keeps_gradients(
+        lambda checkpointed: make_model(CHECKPOINT_XCA_BLOCK=checkpointed,
+                                        CHECKPOINT_ATTN_BLOCK=checkpointed),
+        [images(2, seed=3), images(2, seed=4, size=(16, 16))])
