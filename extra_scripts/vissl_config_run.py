@@ -31,7 +31,8 @@ source (``synthetic_data``), and runs the config's engine in one CPU process:
   (tools/instance_retrieval_test.py) on tiny datasets (``tiny_retrieval_data``).
 
 A DATA_LIMIT is lowered to 2 batches (of 2 classes, from 4 batches of synthetic images). A
-model whose weights alone would take more than a third of the memory limit is not built
+model whose float32 weights, with a gradient and a momentum for each parameter it trains (a
+frozen trunk's and an extraction's parameters have none), exceed the memory limit is not built
 (reported as too large for the machine); the others meet the limit if they exceed it.
 
 Only what cannot exist here is changed: the data (DATA_SOURCES -> synthetic, DATA_PATHS,
@@ -92,8 +93,10 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def check_size(cfg, memory_gb: float) -> None:
-    """Refuse a model whose weights alone take more than a third of ``memory_gb``."""
+def check_size(cfg, memory_gb: float, trains: bool) -> None:
+    """Refuse a model whose float32 weights, with a gradient and a momentum for each parameter
+    it trains (none when ``trains`` is false: extraction and the tools; none for a frozen
+    trunk), exceed ``memory_gb``: the activations would not fit beside them."""
     import torch
 
     from ssl_engine.models import build_model
@@ -103,9 +106,11 @@ def check_size(cfg, memory_gb: float) -> None:
     with torch.device("meta"):
         model = build_model(cfg.MODEL)
     count = sum(p.numel() for p in model.parameters())
-    if count * 4 * 3 > memory_gb * 2**30:
-        raise MemoryError(f"too large for this machine: {count / 1e6:.0f}M parameters, more "
-                          f"than a third of --run-memory-gb={memory_gb:g} in float32 weights")
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad) if trains else 0
+    if (count + 2 * trained) * 4 > memory_gb * 2**30:
+        raise MemoryError(f"too large for this machine: {count / 1e6:.0f}M parameters "
+                          f"({trained / 1e6:.0f}M trained), more than --run-memory-gb="
+                          f"{memory_gb:g} in float32 weights, gradients and momentum")
 
 
 def _load_tool(name: str):
@@ -223,7 +228,7 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
             derive_settings(cfg)
             random_teacher(cfg, folder)
             check_before_launch("extract_features" if tool else engine_name, cfg)
-        check_size(cfg, memory_gb)
+        check_size(cfg, memory_gb, trains=not tool and engine_name == "train")
         if tool:
             engine_name = f"tools/{tool}.py"
             run_tool(tool, cfg)

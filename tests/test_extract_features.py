@@ -437,6 +437,36 @@ def test_trunk_only_extraction_from_a_byol_checkpoint_equals_a_headless_one(tmp_
     assert np.array_equal(runs["heads"].features, runs["headless"].features)
 
 
+def test_a_model_without_heads_extracts_its_trunk_output_as_heads():
+    """VISSL's extraction of a headless model without EXTRACT_TRUNK_FEATURES_ONLY (its
+    extract_resnet_in1k_8gpu file) saved the model's output, the trunk's, as "heads": the
+    pooled stages in eval mode, else the trunk's default output flattened."""
+    _, cfg = load_config([CONFIG, *TINY])
+    assert cfg.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY and not cfg.MODEL.HEAD.PARAMS
+    torch.manual_seed(0)
+    trunk_only = build_model(cfg.MODEL).eval()
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        stages = trunk_only.extract_layers(images)
+    assert list(stages) == ["res4", "res5avg"]
+    settings = cfg.MODEL.FEATURE_EVAL_SETTINGS
+    settings.EXTRACT_TRUNK_FEATURES_ONLY = False
+    headless = build_model(cfg.MODEL).eval()
+    headless.load_state_dict(trunk_only.state_dict())
+    with torch.no_grad():
+        layers = headless.extract_layers(images)
+    assert list(layers) == ["heads0", "heads1"]
+    for name, stage in zip(layers, stages):
+        assert torch.equal(layers[name], stages[stage].flatten(1))
+    settings.EVAL_MODE_ON = False
+    plain = build_model(cfg.MODEL).eval()
+    plain.load_state_dict(trunk_only.state_dict())
+    with torch.no_grad():
+        (name, output), = plain.extract_layers(images).items()
+        expected = torch.flatten(plain.trunk(images)[0], 1)
+    assert name == "heads" and output.shape == (3, 64) and torch.equal(output, expected)
+
+
 LINEAR_EVAL = ["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false",
                "config.MODEL.HEAD.PARAMS=[[eval_mlp,{in_channels:64,dims:[64,4]}]]"]
 
@@ -450,10 +480,7 @@ LINEAR_EVAL = ["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=f
     (["config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res9,[Identity,[]]]]"],
      "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP: ResNetTrunk has no stage(s) "
      "['res9']; its stages are: conv1, res1, res2, res3, res4, res5, res5avg"),
-    (["config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false"],
-     "the model has no heads to extract features from; set "
-     "MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"),
-], ids=["heads_and_stages", "unknown_stage", "no_heads"])
+], ids=["heads_and_stages", "unknown_stage"])
 def test_model_settings_that_cannot_extract_are_refused_before_launch(tmp_path, overrides,
                                                                       message):
     proc = extract_cli(tmp_path / "out", overrides)

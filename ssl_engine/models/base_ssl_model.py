@@ -302,15 +302,15 @@ class BaseSSLMultiInputOutputModel(nn.Module):
 
     def extract_layer_names(self) -> List[str]:
         """The names ``extract_layers`` returns, in order: trunk stages with
-        EXTRACT_TRUNK_FEATURES_ONLY, else "heads" (one output) or "heads0", "heads1", ..."""
+        EXTRACT_TRUNK_FEATURES_ONLY, else "heads" (one output) or "heads0", "heads1", ...; a
+        model without heads outputs its trunk's (default or pooled eval) features under those
+        names, as VISSL's extraction of a headless model did."""
         settings = self.eval_settings
         if settings.extract_trunk_features_only:
             return list(dict.fromkeys(settings.stages)) or [self.trunk.default_out_feat_key]
-        if not self.heads:
-            raise ValueError(
-                f"the model has no heads to extract features from; set "
-                f"{SETTINGS}.EXTRACT_TRUNK_FEATURES_ONLY=true to extract trunk stages"
-            )
+        if not self.heads:  # the model's output: the trunk's (VISSL extracted it as "heads")
+            num_outputs = len(settings.stages) if settings.heads_per_stage else 1
+            return ["heads"] if num_outputs == 1 else [f"heads{i}" for i in range(num_outputs)]
         heads = (list(self.heads) if settings.heads_per_stage
                  else [self.heads[index] for index in self.output_heads])
         num_outputs = sum(getattr(head, "num_outputs", 1) for head in heads)
