@@ -2,7 +2,7 @@
 
     python extra_scripts/vissl_config_coverage.py [VISSL_CONFIG_TREE] [--top 15] [--list] [--hydra]
         [--catalog FILE] [--any-dataset] [--override config.KEY=VALUE ...]
-        [--run N [--seed 0] [--run-batch 2] [--run-timeout 600] [--run-memory-gb 10]]
+        [--run N [--seed 0] [--run-batch 2] [--run-timeout 900] [--run-memory-gb 20]]
 
 For every .yaml under VISSL's config tree (default /work/shared/vissl/configs/config) the file
 is composed as a VISSL user runs it, over this engine's defaults.yaml, with
@@ -215,9 +215,9 @@ def main(argv=None) -> int:
                              "synthetic data (extra_scripts/vissl_config_run.py)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --run sample")
     parser.add_argument("--run-batch", type=int, default=2, help="images per step in --run")
-    parser.add_argument("--run-timeout", type=float, default=600,
+    parser.add_argument("--run-timeout", type=float, default=900,
                         help="seconds a --run file may take")
-    parser.add_argument("--run-memory-gb", type=float, default=10,
+    parser.add_argument("--run-memory-gb", type=float, default=20,
                         help="address space of a --run process (0: no limit)")
     args = parser.parse_args(argv)
     OVERRIDES[:] = [*BASE_OVERRIDES, *args.override]

@@ -2,7 +2,7 @@
 (extra_scripts/vissl_config_run.py), or print the table of ``--run`` logs.
 
     python extra_scripts/vissl_config_rerun.py TREE [NAME ...] [--failed-from LOG]
-        [--any-dataset] [--run-batch 2] [--run-timeout 600] [--run-memory-gb 10]
+        [--any-dataset] [--run-batch 2] [--run-timeout 900] [--run-memory-gb 20]
     python extra_scripts/vissl_config_rerun.py TREE --table-from LOG [--table-from LOG2 ...]
 
 NAME: a file of the tree without .yaml (``pretrain/swav/swav_8node_resnet``), composed with
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
                              "of a file replacing an earlier one's)")
     parser.add_argument("--any-dataset", action="store_true", help="as the coverage script's")
     parser.add_argument("--run-batch", type=int, default=2)
-    parser.add_argument("--run-timeout", type=float, default=600)
-    parser.add_argument("--run-memory-gb", type=float, default=10)
+    parser.add_argument("--run-timeout", type=float, default=900)
+    parser.add_argument("--run-memory-gb", type=float, default=20)
     args = parser.parse_intermixed_args(argv)  # names before or after the options
     if args.table_from:
         merged_table(args.table_from)
