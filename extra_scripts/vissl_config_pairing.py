@@ -195,13 +195,9 @@ def fits(fragment, base) -> bool:
         if heads is not None and not _same_heads(heads, _heads(had or {})):
             return False
         size = _feature_size(given.get("TRUNK")) if heads is None else None
-        heads = _section({"config": had}, "HEAD", "PARAMS") if isinstance(had, dict) else None
-        if size is not None and heads:
-            first = heads[0] if isinstance(heads[0], (list, tuple)) else []
-            dims = (first[1] or {}).get("dims") if len(first) > 1 and \
-                isinstance(first[1], dict) else None
-            if first and first[0] != "identity" and dims and dims[0] != size:
-                return False
+        first = _first_input({"config": {"MODEL": had}}) if isinstance(had, dict) else None
+        if size is not None and first and first[0] != "identity" and first[1] != size:
+            return False
     inputs = _section(fragment, "DATA", "TRAIN", "INPUT_KEY_NAMES") or []
     return "mask" not in inputs or _masks(_section(base, "MODEL"))
 
