@@ -96,9 +96,8 @@ def config_names(root: Path):
 
 def named_partner(rel: Path, rels):
     """The fragment that ``rel`` (a fragment naming no data) is written to go with, by the
-    folders' names: the first file
-    (by name) of a sibling folder named ``<anything>_<rel's name>`` (geolocalisation's
-    partitioning/middle goes with models_middle/...)."""
+    folders' names: the first file (by name) of a sibling folder named ``<anything>_<rel's
+    name>`` (geolocalisation's partitioning/middle goes with models_middle/...)."""
     found = sorted(r for r in rels if r.parent.parent == rel.parent.parent
                    and r.parent != rel.parent
                    and r.parent.name.lower().endswith("_" + rel.name.lower()))
@@ -115,10 +114,11 @@ def _first_input(data):
 
 
 def trunk_partner(rel: Path, args, rels, loaded):
-    """For a heads fragment (heads, no trunk) whose first head takes another input size than the base's first
-    head of that kind (a head written for another trunk): the first file (by name) of a
-    sibling folder that gives the trunk it was written for, i.e. whose first head of the same
-    kind takes that size (pretrain/swav/heads/d7392_... goes with models/regnet128Gf)."""
+    """For a heads fragment (heads, no trunk) whose first head takes another input size than
+    the base's first head of that kind (a head written for another trunk): the first file (by
+    name) of a sibling folder that gives the trunk it was written for, i.e. whose first head of
+    the same kind takes that size (pretrain/swav/heads/d7392_... goes with
+    models/regnet128Gf)."""
     given = _first_input(loaded[rel])
     if _section(loaded[rel], "MODEL", "TRUNK"):  # it gives its trunk itself
         return None

@@ -54,8 +54,8 @@ import traceback
 from collections import defaultdict
 from pathlib import Path
 
-from vissl_run_data import (clustering_data, offline_permutations, random_teacher, synthetic_data,  # noqa: F401
-                            tiny_retrieval_data)
+from vissl_run_data import (clustering_data, offline_permutations,  # noqa: F401
+                            random_teacher, synthetic_data, tiny_retrieval_data)
 
 REPO = Path(__file__).resolve().parents[1]
 

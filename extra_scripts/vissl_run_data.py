@@ -1,7 +1,8 @@
 """What ``vissl_config_coverage.py --run`` puts in place of the data and files a VISSL config
 names and this offline machine cannot have (vissl_config_run.py runs the configs): synthetic
-images (for DeepCluster v2 as many as its clusters), a seeded stand-in of jigsaw's published permutation files, a distillation teacher with
-random weights, and tiny instance-retrieval datasets."""
+images (for DeepCluster v2 as many as its clusters), a seeded stand-in of jigsaw's published
+permutation files, a distillation teacher with random weights, and tiny instance-retrieval
+datasets."""
 import os
 import re
 from pathlib import Path
