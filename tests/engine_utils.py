@@ -1,5 +1,6 @@
 """Helpers for tests that run the engine on the tiny synthetic config."""
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -19,6 +20,20 @@ from ssl_engine.losses import SSLLoss
 from ssl_engine.trainer.default_hooks import default_hook_generator
 
 QUICK = "config=test/quick_simclr_synthetic"
+
+
+# the extraction tests' data: 21 synthetic test images of 4 classes (16 pixels) in batches of
+# 8, the TEST split alone, a narrow ResNet whose heads are evaluated
+TINY_TEST_SPLIT = [
+    "config.DATA.TEST.DATA_SOURCES=[synthetic]",
+    "config.DATA.TEST.SYNTHETIC.NUM_SAMPLES=21",
+    "config.DATA.TEST.SYNTHETIC.IMAGE_SIZE=16",
+    "config.DATA.TEST.SYNTHETIC.NUM_CLASSES=4",
+    "config.DATA.TEST.BATCHSIZE_PER_REPLICA=8",
+    "config.EXTRACT_FEATURES.SPLITS=[TEST]",
+    "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.125",
+    "config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false",
+]
 
 
 def run_engine(checkpoint_dir: Path, overrides: Sequence[str] = (), hook_generator=None,
@@ -152,3 +167,26 @@ def assert_checkpointing_keeps_gradients(make_model, inputs) -> None:
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def extract_with_weights(tmp_path: Path, model, overrides: Sequence[str], config: str,
+                         out_name: str) -> Path:
+    """Run an extraction engine in-process from ``model``'s weights (saved as a checkpoint in
+    ``tmp_path``); returns its output folder ``tmp_path / out_name`` (log in ``tmp_path/ckpt``)."""
+    weights = tmp_path / "weights.torch"
+    torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, weights)
+    out = tmp_path / out_name
+    run_engine(tmp_path / "ckpt", [*overrides, f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}",
+                                   f"config.EXTRACT_FEATURES.OUTPUT_DIR={out}"], config=config)
+    return out
+
+
+def assert_model_settings_refused(base, engine_name: str, cases) -> None:
+    """Each ``(MODEL key, value, message)`` set on a copy of ``base`` is refused before launch
+    with ``message``."""
+    for key, value, message in cases:
+        cfg = copy.deepcopy(base)
+        section, name = key.rsplit(".", 1)
+        cfg.MODEL[section][name] = value
+        with pytest.raises(ValueError, match=message):
+            check_before_launch(engine_name, cfg)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_utils import run_engine
+from engine_utils import TINY_TEST_SPLIT, assert_model_settings_refused, extract_with_weights
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
 from ssl_engine.engines.prelaunch import check_before_launch
@@ -15,15 +15,7 @@ from ssl_engine.models import build_model
 CONFIG = "config=feature_extraction/extract_resnet_digits"
 # 21 synthetic test images of 4 classes, batch 8; one head per evaluated stage, 5 classes
 TINY = [
-    "engine_name=extract_label_predictions",
-    "config.DATA.TEST.DATA_SOURCES=[synthetic]",
-    "config.DATA.TEST.SYNTHETIC.NUM_SAMPLES=21",
-    "config.DATA.TEST.SYNTHETIC.IMAGE_SIZE=16",
-    "config.DATA.TEST.SYNTHETIC.NUM_CLASSES=4",
-    "config.DATA.TEST.BATCHSIZE_PER_REPLICA=8",
-    "config.EXTRACT_FEATURES.SPLITS=[TEST]",
-    "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.125",
-    "config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=false",
+    "engine_name=extract_label_predictions", *TINY_TEST_SPLIT,
     "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[32,5]}],[mlp,{dims:[64,5]}]]",
     "config.METERS.names=[accuracy_list_meter]",
     "config.METERS.accuracy_list_meter.num_meters=2",
@@ -35,11 +27,7 @@ def test_saved_predictions_are_the_model_outputs(tmp_path):
     _, cfg = load_config([CONFIG, *TINY])
     torch.manual_seed(7)
     model = build_model(cfg.MODEL).eval()
-    weights = tmp_path / "weights.torch"
-    torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, weights)
-    out = tmp_path / "predictions"
-    run_engine(tmp_path / "ckpt", [*TINY, f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}",
-                                   f"config.EXTRACT_FEATURES.OUTPUT_DIR={out}"], config=CONFIG)
+    out = extract_with_weights(tmp_path, model, TINY, CONFIG, "predictions")
     assert sorted(p.name for p in out.iterdir()) == sorted(
         f"test_{output}_{kind}.npy" for output in ("res4", "res5avg")
         for kind in ("predictions", "conf_scores", "targets", "inds"))
@@ -64,16 +52,11 @@ def test_saved_predictions_are_the_model_outputs(tmp_path):
 
 def test_refused_before_launch(tmp_path):
     _, base = load_config([CONFIG, *TINY, f"config.CHECKPOINT.DIR={tmp_path}"])
-    for key, value, message in [
+    assert_model_settings_refused(base, "extract_label_predictions", [
         ("HEAD.PARAMS", [], "config.MODEL.HEAD.PARAMS is empty"),
         ("FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY", True,
          "EXTRACT_TRUNK_FEATURES_ONLY=false"),
-    ]:
-        cfg = copy.deepcopy(base)
-        section, name = key.rsplit(".", 1)
-        cfg.MODEL[section][name] = value
-        with pytest.raises(ValueError, match=message):
-            check_before_launch("extract_label_predictions", cfg)
+    ])
     cfg = copy.deepcopy(base)
     cfg.METERS.names = ["mean_ap_list_meter"]
     with pytest.raises(ValueError, match=r"set config.METERS.names=\[accuracy_list_meter\]"):

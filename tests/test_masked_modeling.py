@@ -159,12 +159,19 @@ def ibot_model(**head):
     return build_model(cfg).eval()
 
 
-def test_named_inputs_run_the_trunk_per_mapping_entry_then_ibot_head():
-    model = ibot_model()
+def masked_multicrop_scores(model):
+    """4 masked global views (6 of 16 patches each) and 2 local views of 8 pixels, and the
+    model's outputs on them (no gradients)."""
     glob, local, mask = images(4), images(2, size=8, seed=3), grid_mask(4, seed=2, count=6)
     with torch.no_grad():
-        cls_scores, patch_scores = model({"global_views": glob, "local_views": local,
-                                          "mask": mask})
+        outputs = model({"global_views": glob, "local_views": local, "mask": mask})
+    return glob, local, mask, outputs
+
+
+def test_named_inputs_run_the_trunk_per_mapping_entry_then_ibot_head():
+    model = ibot_model()
+    glob, local, mask, (cls_scores, patch_scores) = masked_multicrop_scores(model)
+    with torch.no_grad():
         tokens = model.trunk(glob, ["lastBLK"], mask=mask)[0]
         local_cls = model.trunk(local, ["lastCLS"])[0]
         head = model.heads[0]
@@ -192,10 +199,8 @@ def test_ibot_head_without_a_class_token_scores_the_mean_of_the_patches():
     cfg.MULTI_INPUT_HEAD_MAPPING = [MAPPING[0], ["local_views", {"feat_names": ["lastPOOL"]}]]
     torch.manual_seed(0)
     model = build_model(cfg).eval()
-    glob, local, mask = images(4), images(2, size=8, seed=3), grid_mask(4, seed=2, count=6)
+    glob, local, mask, (cls_scores, patch_scores) = masked_multicrop_scores(model)
     with torch.no_grad():
-        cls_scores, patch_scores = model({"global_views": glob, "local_views": local,
-                                          "mask": mask})
         tokens = model.trunk(glob, ["lastBLK"], mask=mask)[0]  # [4, 16, D]: patches only
         local_pool = model.trunk(local, ["lastPOOL"])[0]
         head = model.heads[0]
@@ -214,10 +219,8 @@ def test_ibot_head_without_a_class_token_scores_the_mean_of_the_patches():
 def test_ibot_separate_head_gives_the_patches_a_head_of_their_own():
     model = ibot_model(separate_head=True)
     head = model.heads[0]
-    glob, local, mask = images(4), images(2, size=8, seed=3), grid_mask(4, seed=2, count=6)
+    glob, local, mask, (cls_scores, patch_scores) = masked_multicrop_scores(model)
     with torch.no_grad():
-        cls_scores, patch_scores = model({"global_views": glob, "local_views": local,
-                                          "mask": mask})
         tokens = model.trunk(glob, ["lastBLK"], mask=mask)[0]
         local_cls = model.trunk(local, ["lastCLS"])[0]
         expected_cls = head.prototypes0(head.bottleneck(torch.cat([tokens[:, 0], local_cls])))
