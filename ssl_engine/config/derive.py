@@ -6,7 +6,8 @@ from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.config.masked_modeling import derive_masked_modeling
 from ssl_engine.config.validate import get_dotted
 from ssl_engine.data.catalog import resolve_dataset_names
-from ssl_engine.models.trunks.regnet import clear_parameters_beside_preset, parameters_beside_preset
+from ssl_engine.models.fsdp_names import FSDP_TRUNKS
+from ssl_engine.models.trunks.regnet import clear_parameters_beside_preset
 from ssl_engine.optimizers import apply_auto_lr_scaling
 from ssl_engine.utils.cpu_budget import cores_available
 from ssl_engine.utils.errors import ConfigError
@@ -230,16 +231,15 @@ def _regnet_preset_wins(cfg: AttrDict) -> None:
     """A RegNet preset ``name`` beside its parameters: VISSL built the preset from the name
     alone; so does the engine, saying once which keys it ignores."""
     regnet = cfg.MODEL.TRUNK.get("REGNET")
-    if cfg.MODEL.TRUNK.NAME not in ("regnet", "regnet_fsdp") or not regnet:
+    if FSDP_TRUNKS.get(cfg.MODEL.TRUNK.NAME, cfg.MODEL.TRUNK.NAME) != "regnet" or not regnet:
         return
-    name = regnet.get("name")
-    ignored = {key: regnet[key] for key in parameters_beside_preset(regnet)}
+    ignored = clear_parameters_beside_preset(regnet)
     if ignored:
-        clear_parameters_beside_preset(regnet)
         logger.warning("config.MODEL.TRUNK.REGNET: %s ignored: name=%r is a preset that sets "
                        "the whole network (VISSL built it from the name alone too); set name "
                        "to null to build from the parameters",
-                       ", ".join(f"{key}={value!r}" for key, value in ignored.items()), name)
+                       ", ".join(f"{key}={value!r}" for key, value in ignored.items()),
+                       regnet.get("name"))
 
 
 _LARS_ONLY = {"exclude_bias_and_norm": False, "eta": 0.001}  # key -> its default

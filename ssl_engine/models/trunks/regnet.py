@@ -183,12 +183,13 @@ def parameters_beside_preset(trunk_cfg) -> List[str]:
         key for key, default in OPTION_DEFAULTS.items() if trunk_cfg.get(key, default) != default]
 
 
-def clear_parameters_beside_preset(trunk_cfg) -> List[str]:
-    """Reset the keys ``parameters_beside_preset`` finds to their defaults; returns them."""
-    keys = parameters_beside_preset(trunk_cfg)
-    for key in keys:
+def clear_parameters_beside_preset(trunk_cfg) -> Dict[str, Any]:
+    """Reset the keys ``parameters_beside_preset`` finds to their defaults; returns their
+    values before."""
+    cleared = {key: trunk_cfg[key] for key in parameters_beside_preset(trunk_cfg)}
+    for key in cleared:
         trunk_cfg[key] = [] if key in BLOCK_GROUP_KEYS else OPTION_DEFAULTS.get(key)
-    return keys
+    return cleared
 
 
 def check_regnet_config(trunk_cfg) -> None:
