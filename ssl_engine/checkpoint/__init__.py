@@ -1,7 +1,9 @@
 """Checkpoints: the files (``io``: names, atomic writes, the latest pointer, weights-only
 loading), the layouts of VISSL and torchvision (``formats``), starting a model from a weights
 file (``weights_init``, MODEL.WEIGHTS_INIT) and what a training checkpoint holds
-(``training``: built for ``CheckpointHook``, checked before the ``train`` engine launches).
+(``training``: built for ``CheckpointHook``, checked before the ``train`` engine launches) and
+whether a config trains the model, loss and task of the checkpoint it resumes
+(``resume_match``).
 
 Above utils and models, below config, hooks, trainer and engines: the hook, the trainer and
 the engines call it; it imports none of them."""
@@ -35,6 +37,7 @@ from ssl_engine.checkpoint.io import (
     remove_unfinished_saves,
     save_checkpoint,
 )
+from ssl_engine.checkpoint.resume_match import check_resume_match
 from ssl_engine.checkpoint.training import (check_resume_files, checkpoint_state,
                                             save_task_checkpoint)
 from ssl_engine.checkpoint.weights_init import (WeightsInitError, WeightsInitReport,
@@ -44,10 +47,10 @@ __all__ = [
     "CheckpointError", "CheckpointFormatError", "CheckpointWriteError", "ENGINE_CHECKPOINT_KEYS",
     "LATEST_NAME", "UnsafeCheckpointError", "VISSL_RESUME_NOT_RESTORED", "WeightsInitError",
     "WeightsInitReport", "atomic_torch_save", "check_latest_pointer", "check_plain_state",
-    "check_resume_files", "check_weights_file", "checkpoint_state", "engine_checkpoint",
-    "is_vissl_checkpoint", "iteration_checkpoint_name", "last_saved", "latest_checkpoint_path",
-    "list_checkpoints", "load_checkpoint", "load_latest_checkpoint", "load_vissl_model_weights",
-    "load_weights_init", "model_key_from_vissl", "model_state_of", "phase_checkpoint_name",
-    "remove_unfinished_saves", "save_checkpoint", "save_task_checkpoint", "vissl_checkpoint",
-    "vissl_key_prefix",
+    "check_resume_files", "check_resume_match", "check_weights_file", "checkpoint_state",
+    "engine_checkpoint", "is_vissl_checkpoint", "iteration_checkpoint_name", "last_saved",
+    "latest_checkpoint_path", "list_checkpoints", "load_checkpoint", "load_latest_checkpoint",
+    "load_vissl_model_weights", "load_weights_init", "model_key_from_vissl", "model_state_of",
+    "phase_checkpoint_name", "remove_unfinished_saves", "save_checkpoint", "save_task_checkpoint",
+    "vissl_checkpoint", "vissl_key_prefix",
 ]

@@ -6,6 +6,7 @@ import torch.distributed as dist
 from ssl_engine.checkpoint.formats import (is_vissl_checkpoint, model_state_from_vissl,
                                            model_state_of, vissl_key_prefix)
 from ssl_engine.checkpoint.io import CheckpointError, load_latest_checkpoint, save_checkpoint
+from ssl_engine.checkpoint.resume_match import check_resume_match
 from ssl_engine.checkpoint.weights_init import check_weights_file
 from ssl_engine.utils import rng
 from ssl_engine.utils.distributed import get_world_size, is_distributed, is_primary
@@ -51,8 +52,10 @@ def save_task_checkpoint(task, folder: str, filename: str, kind: str,
 def check_resume_files(cfg) -> None:
     """The file the run will start from loads: the latest checkpoint of CHECKPOINT.DIR when
     AUTO_RESUME finds one (a checkpoint of this engine, or one of VISSL whose trunk keys are
-    in VISSL's layout of the config's trunk), else MODEL.WEIGHTS_INIT.PARAMS_FILE.
-    The tensors are mapped, not read: this costs little even for large files."""
+    in VISSL's layout of the config's trunk), else MODEL.WEIGHTS_INIT.PARAMS_FILE. A checkpoint
+    of this engine must be a run of the config's loss, trunk, model shapes and task (DDP or
+    FSDP): ``check_resume_match``. The tensors are mapped, not read: this costs little even
+    for large files."""
     if cfg.CHECKPOINT.AUTO_RESUME:
         checkpoint = load_latest_checkpoint(cfg.CHECKPOINT.DIR, mmap=True)
         if checkpoint is not None:
@@ -63,5 +66,7 @@ def check_resume_files(cfg) -> None:
             prefix = vissl_key_prefix(cfg.MODEL.TRUNK.NAME)
             if is_vissl_checkpoint(checkpoint, prefix):  # its weights start the run (task.prepare)
                 model_state_from_vissl(model_state_of(checkpoint), prefix)
+            else:
+                check_resume_match(cfg, checkpoint)
             return  # a resumed run does not read WEIGHTS_INIT
     check_weights_file(cfg.MODEL.WEIGHTS_INIT)
