@@ -237,8 +237,15 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
 
     def save_sharded(self, folder: str, filename: str) -> None:
         """Write the model and optimizer shards of every rank to ``folder/filename.sharded``
-        (complete or absent: written under a temporary name, renamed by rank 0)."""
+        (complete or absent: written under a temporary name, renamed by rank 0).
+
+        What is not sharded (the buffers: batch-norm statistics, ``num_batches_tracked`` ...)
+        is written from rank 0, as in the consolidated checkpoint: each rank updates its own
+        copy of the statistics from its part of the batch (rank 0's reach every rank at the next
+        forward pass), and ``torch.distributed.checkpoint`` would otherwise write each such
+        entry from whichever rank has the least to write."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import DefaultSavePlanner
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         name = filename + SHARDED_SUFFIX
@@ -249,7 +256,8 @@ class SelfSupervisionFSDPTask(SelfSupervisionTask):
         model_state, optimizer_state = get_state_dict(
             self.base_model, torch_optimizer(self), options=self._options(full=False))
         dcp.save({"model": model_state, "optimizer": optimizer_state},
-                 checkpoint_id=str(partial))
+                 checkpoint_id=str(partial),
+                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
         dist.barrier()
         if get_rank() == 0:
             shutil.rmtree(final, ignore_errors=True)
