@@ -122,7 +122,8 @@ def test_the_standard_train_step_updates_with_clipped_gradients():
         data_iterator=iter([{"input": inputs, "target": torch.zeros(6)}]),
         to_device=lambda batch: batch, train=True, model=model, run_hook=run_hook,
         loss=FunctionLoss(lambda output, target: output.pow(2).sum() * 10.0),
-        metrics=MetricsStore(), meters=[], phase_idx=0, max_iteration=1, iteration_num_in_phase=0)
+        metrics=MetricsStore(), meters=[], phase_idx=0, schedule_iteration=0, schedule_length=1,
+        iteration_num_in_phase=0)
     standard_train_step(task)
     assert norms == [pytest.approx(0.5, rel=1e-5)] and task.iteration == 1
 

@@ -89,7 +89,7 @@ def test_the_update_of_a_shorter_group_uses_the_mean_gradient_of_its_micro_batch
         data_iterator=iter(batches), to_device=lambda b: b, model=model, base_model=model,
         train=True, loss=FunctionLoss(lambda out, target: (out.squeeze(1) ** 2).mean()),
         meters=[], metrics=MetricsStore(), run_hook=lambda event: None, iteration=0,
-        phase_idx=0, max_iteration=1,
+        phase_idx=0, schedule_iteration=0, schedule_length=1,
         iteration_num_in_phase=0, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         amp=MixedPrecision(None, "cpu"), accumulation_steps=3,  # the data ends after 2
     )

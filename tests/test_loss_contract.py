@@ -131,7 +131,7 @@ def test_the_train_step_gives_the_loss_its_step_context():
     model = torch.nn.Linear(2, 1)
     task = SimpleNamespace(model=model, train=True, loss=Recording(lambda out, t: out.sum()),
                            meters=[], metrics=MetricsStore(), run_hook=lambda event: None,
-                           iteration=5, phase_idx=2, max_iteration=12,
+                           iteration=5, phase_idx=2, schedule_iteration=5, schedule_length=12,
                            amp=MixedPrecision(None, "cpu"))
     batch = {"input": torch.ones(3, 2), "target": torch.zeros(3)}
     forward_loss_and_meters(task, batch)

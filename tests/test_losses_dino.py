@@ -73,7 +73,8 @@ def test_teacher_temperature_warms_up_linearly_then_stays():
 
 def test_evaluation_steps_leave_the_center_alone_and_the_task_gives_the_position():
     loss_fn = DINOLoss(output_dim=K)
-    task = SimpleNamespace(loss=loss_fn, iteration=7, phase_idx=1, train=False, max_iteration=9)
+    task = SimpleNamespace(loss=loss_fn, schedule_iteration=7, phase_idx=1, train=False,
+                           schedule_length=9)
     loss_fn.begin_step(StepContext.of_task(task))
     assert loss_fn.step_context == StepContext(iteration=7, phase_idx=1, train=False,
                                                total_iterations=9)

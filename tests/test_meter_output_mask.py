@@ -48,7 +48,7 @@ def test_the_step_feeds_the_meters_the_masked_output_and_the_loss_the_whole_outp
     task = SimpleNamespace(
         model=lambda inputs: output, train=False, run_hook=lambda event: None,
         amp=MixedPrecision(None, "cpu"), metrics=MetricsStore(), iteration=0, phase_idx=0,
-        iteration_num_in_phase=0, max_iteration=1,
+        iteration_num_in_phase=0, schedule_iteration=0, schedule_length=1,
         loss=FunctionLoss(lambda out, target: seen.append(out) or out.sum() * 0),
         meters=[AccuracyListMeter.from_config({"num_meters": 1, "topk_values": [1]})],
         meter_output=OutputMask(torch.tensor([1, 2])))

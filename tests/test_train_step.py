@@ -30,7 +30,7 @@ def fake_task(loss_value):
         data_iterator=iter([batch]), to_device=lambda b: b, model=model, train=True,
         loss=FunctionLoss(lambda out, target: out.sum() * 0 + loss_value), meters=[],
         metrics=MetricsStore(), run_hook=lambda event: None, iteration=41, phase_idx=3,
-        max_iteration=50, iteration_num_in_phase=5,
+        schedule_iteration=41, schedule_length=50, iteration_num_in_phase=5,
         optimizer=RecordingOptimizer(), where=0.5, amp=MixedPrecision(None, "cpu"),
     )
 

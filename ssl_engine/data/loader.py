@@ -28,11 +28,14 @@ def build_dataloader(
     epoch: int,
     start_iter: int = 0,
     seed: int = 0,
+    start_sample: int = 0,
     shuffle: bool = True,
     persistent: bool = False,
 ) -> DataLoader:
     """A loader over this rank's share of ``dataset`` for ``epoch``, starting at batch
-    ``start_iter``. ``split_cfg`` is cfg.DATA.TRAIN or cfg.DATA.TEST.
+    ``start_iter`` of this world and batch size, or after the first ``start_sample`` samples
+    of the epoch's global order (data/sampler.py). ``split_cfg`` is cfg.DATA.TRAIN or
+    cfg.DATA.TEST.
 
     The loader has its own generator (seeded with ``seed + epoch``), so creating its iterator does
     not draw from the caller's global random state.  With ``persistent`` (and workers), the
@@ -53,7 +56,7 @@ def build_dataloader(
         with_epoch=persistent,
     )
     sampler.set_epoch(epoch)
-    sampler.set_start_iter(start_iter)
+    sampler.set_start_sample(start_sample) if start_sample else sampler.set_start_iter(start_iter)
     return DataLoader(
         dataset,
         batch_size=split_cfg.BATCHSIZE_PER_REPLICA,
@@ -101,11 +104,12 @@ class LabelNamingCollator:
                                    f"{files}") from None
 
 
-def set_loader_position(loader: DataLoader, epoch: int, start_iter: int = 0) -> None:
-    """Point a loader built by ``build_dataloader`` at batch ``start_iter`` of ``epoch``."""
+def set_loader_position(loader: DataLoader, epoch: int, start_sample: int = 0) -> None:
+    """Point a loader built by ``build_dataloader`` at sample ``start_sample`` of ``epoch``'s
+    global order."""
     loader.dataset.set_epoch(epoch)
     loader.sampler.set_epoch(epoch)
-    loader.sampler.set_start_iter(start_iter)
+    loader.sampler.set_start_sample(start_sample)
 
 
 def quiet_dead_worker_transfers() -> None:

@@ -26,6 +26,7 @@ from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.engines.prelaunch import holds_run_lock, load_checked_config, started_by_torchrun
 from ssl_engine.engines.slurm import is_local, submit
 from ssl_engine.extraction.errors import ExtractionError
+from ssl_engine.trainer.run_position import RunAlreadyComplete
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.logger import launcher_logging
 from ssl_engine.utils.registry import UnknownNameError
@@ -278,6 +279,9 @@ def main(argv: Sequence[str]) -> int:
 def _main(argv: Sequence[str]) -> int:
     try:
         engine_name, cfg = load_checked_config(argv)  # every check, in engines/prelaunch.py
+    except RunAlreadyComplete as done:  # a shortened run resumed past its end
+        print(done, file=sys.stderr)
+        return 0
     except (ConfigError, FileNotFoundError, NotADirectoryError, UnknownNameError,
             CheckpointError, ExtractionError, ValueError, RunLockError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -2,7 +2,8 @@
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from ssl_engine.checkpoint import check_latest_pointer, check_resume_files, list_checkpoints
+from ssl_engine.checkpoint import (check_latest_pointer, check_resume_files, list_checkpoints,
+                                   load_latest_checkpoint)
 from ssl_engine.config import ConfigError
 from ssl_engine.data import check_data_paths
 from ssl_engine.engines.registry import register_engine
@@ -19,6 +20,7 @@ from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable
 from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.trainer.grad_clip import GradClip
 from ssl_engine.trainer.process import machine_ranks
+from ssl_engine.trainer.run_position import check_resume_schedule
 from ssl_engine.utils.io import os_error_text, writable_folder_error
 from ssl_engine.utils.logger import setup_logging
 
@@ -29,7 +31,8 @@ def check_train_config(cfg) -> None:
     MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names; a distillation's teacher builds and its weights
     file loads; gradient clipping and the weight-decay
     schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
-    weights file it starts from loads."""
+    weights file it starts from loads, and a checkpoint is not already past the run's end
+    (``RunAlreadyComplete``: the launch ends with exit code 0)."""
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
     device_type = "cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu"
@@ -69,6 +72,10 @@ def check_train_config(cfg) -> None:
             "config.CHECKPOINT.OVERWRITE_EXISTING=true to start over, or pick another DIR"
         )
     check_resume_files(cfg)
+    if cfg.CHECKPOINT.AUTO_RESUME:  # a shortened run already at its end trains nothing
+        check_resume_schedule(cfg, load_latest_checkpoint(folder, mmap=True))
+    else:
+        check_resume_schedule(cfg, None)
 
 
 @register_engine("train", check_before_launch=check_train_config, stops_on_signal=True)

@@ -52,7 +52,7 @@ class SSLHook(ClassyHook):
       in ``on_exception``. Write files and log on rank 0 only (``is_primary()``).
     - Read-only for hooks: the run's position (``task.phase_idx``, ``train_phase_idx``,
       ``iteration``, ``iteration_num_in_phase``, ``num_iters_in_phase``, ``max_iteration``,
-      ``where``, ``train``), ``task.stopping``, ``task.data_iterator`` (a hook that takes a
+      ``where``, ``schedule_iteration`` of ``schedule_length`` for schedules, ``train``), ``task.stopping``, ``task.data_iterator`` (a hook that takes a
       batch from it steals it from the step), and ``task.last_batch``, ``last_model_output``,
       ``last_loss`` (other hooks read them after you).
     - The metrics store, ``task.metrics`` (utils/metrics_store.py): put named scalars from any

@@ -12,4 +12,5 @@ class MomentumTargetHook(SSLHook):
         task.loss.compute_target(task)
 
     def on_update(self, task) -> None:
-        task.loss.update_target(task.base_model, task.iteration, task.max_iteration)
+        task.loss.update_target(task.base_model, task.schedule_iteration,
+                               task.schedule_length)

@@ -23,16 +23,18 @@ from ssl_engine.utils.classy import ClassyLoss
 class StepContext:
     """Where the run stands when a loss is computed."""
 
-    iteration: int = 0  # optimizer updates done so far in the run (resumed: from the checkpoint)
+    # the schedules' iteration: optimizer updates done so far in the run (resumed: from the
+    # checkpoint; resumed with other settings: the run's position counted in its new updates)
+    iteration: int = 0
     phase_idx: int = 0  # index of the current phase in ``task.phases``
     train: bool = True  # whether the step trains: evaluation steps leave the loss's state alone
-    total_iterations: int = 0  # optimizer updates of the whole run
+    total_iterations: int = 0  # the schedules' length: optimizer updates of the whole run
 
     @classmethod
     def of_task(cls, task) -> "StepContext":
         """The context of ``task``'s current step (the train step calls it before the loss)."""
-        return cls(iteration=task.iteration, phase_idx=task.phase_idx, train=task.train,
-                   total_iterations=task.max_iteration)
+        return cls(iteration=task.schedule_iteration, phase_idx=task.phase_idx,
+                   train=task.train, total_iterations=task.schedule_length)
 
 
 class SSLLoss(ClassyLoss):

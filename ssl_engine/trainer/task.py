@@ -8,7 +8,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.checkpoint import (VISSL_RESUME_NOT_RESTORED, CheckpointError, is_vissl_checkpoint,
                                    load_vissl_model_weights, load_weights_init, vissl_key_prefix)
-from ssl_engine.data import StatefulDistributedSampler, build_dataloader, build_dataset
+from ssl_engine.data import build_dataloader, build_dataset
 from ssl_engine.data.loader import set_loader_position, stop_workers
 from ssl_engine.data.ssl_dataset import dataset_labels
 from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
@@ -23,6 +23,7 @@ from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_los
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
 from ssl_engine.trainer.phases import build_phases
+from ssl_engine.trainer.run_position import RunSettings, SchedulePosition, plan_resume
 from ssl_engine.trainer.sharded_ddp import (check_sharded_ddp_config, uses_sharded_ddp,
                                             wrap_sharded_ddp)
 from ssl_engine.trainer.train_steps import get_train_step
@@ -42,7 +43,10 @@ class SelfSupervisionTask(ClassyTask):
 
     Position: ``phase_idx`` indexes ``phases``; ``train_phase_idx`` counts train phases
     started; ``iteration`` counts optimizer updates of the whole run; and
-    ``iteration_num_in_phase`` counts batches done in the current phase.
+    ``iteration_num_in_phase`` counts batches done in the current phase. A checkpoint also
+    holds the samples of the epoch's global order consumed and the settings they were counted
+    with, so a run resumed with other settings continues right (``trainer/run_position.py``).
+    The schedules read ``schedule_iteration`` of ``schedule_length`` (``where``).
     """
     def __init__(self, config, device: torch.device):
         super().__init__()
@@ -67,7 +71,10 @@ class SelfSupervisionTask(ClassyTask):
         self.data_time = self.step_time = 0.0
         self.hook_seconds = 0.0  # time spent in hooks so far (HOOKS.PERF_STATS's breakdown)
         self.checkpoint_folder = config.CHECKPOINT.DIR
-        self._resume_start_iter = 0
+        self._resume_start = (0, 0)  # (batches, samples) of the first phase already done
+        self._resume_cut = (0, 0)  # the checkpoint's (phase, batch): metrics.json is cut there
+        self._phase_sampler, self._phase_start_iter = None, 0
+        self.schedule = SchedulePosition(epochs=int(config.OPTIMIZER.num_epochs))
         self._resume_rng_states = None
         # True at the step (or phase end) after which the run stops on SIGTERM / SIGINT: the
         # hooks of that point do what must be done before (the checkpoint hook saves)
@@ -118,15 +125,15 @@ class SelfSupervisionTask(ClassyTask):
             self.optimizer = build_optimizer(cfg.OPTIMIZER, self.base_model)
         self.meters = build_meters(cfg.METERS)
         self.meter_masks = self._meter_masks() if cfg.METERS.model_output_mask else {}
+        # updates per epoch: a last, shorter group of micro-batches still makes an update
+        self.num_train_iters_per_epoch = self.run_settings().updates_per_epoch()
         if checkpoint is not None:
             self.set_classy_state(checkpoint["classy_state_dict"])
             self._resume_rng_states = checkpoint.get("rng_states")
         if self.accumulation_steps > 1 and not cfg.TEST_ONLY:
             warn_if_accumulation_changes_the_loss(self.loss, self.accumulation_steps)
-        batches = self._iters_per_epoch("TRAIN") if "TRAIN" in self.datasets else 0
-        # updates per epoch: a last, shorter group of micro-batches still makes an update
-        self.num_train_iters_per_epoch = -(-batches // self.accumulation_steps)
-        self.max_iteration = self.num_train_iters_per_epoch * cfg.OPTIMIZER.num_epochs
+        self.max_iteration = self.schedule.run_length(self.num_train_iters_per_epoch,
+                                                      cfg.OPTIMIZER.num_epochs)
 
     def _meter_masks(self) -> Dict[str, OutputMask]:
         """METERS.model_output_mask: per split, the classes its labels name."""
@@ -188,23 +195,35 @@ class SelfSupervisionTask(ClassyTask):
         return DistributedDataParallel(model, device_ids=device_ids,
                                        forward_sync_buffers=broadcast_buffers(self.config))
 
-    def _iters_per_epoch(self, split: str) -> int:
-
-        split_cfg = self.config.DATA[split]
-        sampler = StatefulDistributedSampler(
-            len(self.datasets[split]), split_cfg.BATCHSIZE_PER_REPLICA,
-            drop_last=split_cfg.DROP_LAST,
-        )
-        batch, per_rank = split_cfg.BATCHSIZE_PER_REPLICA, len(sampler)
-        return per_rank // batch if split_cfg.DROP_LAST else -(-per_rank // batch)
+    def run_settings(self) -> RunSettings:
+        """The settings this run counts its iterations with (the training data's size: 0
+        without training data)."""
+        train = self.config.DATA.TRAIN
+        return RunSettings(
+            world_size=get_world_size(), batch_size=int(train.BATCHSIZE_PER_REPLICA),
+            accumulation_steps=self.accumulation_steps,
+            num_epochs=int(self.config.OPTIMIZER.num_epochs),
+            epoch_samples=len(self.datasets["TRAIN"]) if "TRAIN" in self.datasets else 0,
+            drop_last=bool(train.DROP_LAST))
 
     # ------------------------------------------------------------------ phases
     @property
+    def schedule_iteration(self) -> int:
+        """The schedules' iteration: ``iteration``, or after a resume with other settings the
+        run's position counted in this run's updates."""
+        return self.schedule.iteration(self.iteration)
+
+    @property
+    def schedule_length(self) -> int:
+        """The schedules' length in updates (``max_iteration`` unless a resume changed it)."""
+        return self.schedule.length(self.num_train_iters_per_epoch)
+
+    @property
     def where(self) -> float:
-        """Fraction of training done, in [0, 1)."""
-        if not self.max_iteration:
+        """Fraction of the schedules done, in [0, 1)."""
+        if not self.schedule_length:
             return 0.0
-        return min(self.iteration / self.max_iteration, 1.0 - 1e-12)
+        return min(self.schedule_iteration / self.schedule_length, 1.0 - 1e-12)
 
     @property
     def phase(self) -> Dict[str, Any]:
@@ -216,9 +235,9 @@ class SelfSupervisionTask(ClassyTask):
 
     @property
     def resume_position(self) -> tuple:
-        """(phase_idx, batches of it already done) where the run continues: (0, 0) for a new
-        run, the checkpoint's position for a resumed one (before its first phase starts)."""
-        return self.phase_idx + 1, self._resume_start_iter
+        """(phase_idx, batches of it already done) where the checkpoint a run resumes from
+        stopped, as the checkpoint counted them: (0, 0) for a new run."""
+        return self._resume_cut
 
     def done_training(self) -> bool:
         return self.phase_idx >= len(self.phases) - 1
@@ -233,8 +252,8 @@ class SelfSupervisionTask(ClassyTask):
         self.train = phase["train"]
         if self.train:
             self.train_phase_idx += 1
-        start_iter, self._resume_start_iter = self._resume_start_iter, 0
-        if start_iter == 0:
+        (start_iter, start_sample), self._resume_start = self._resume_start, (0, 0)
+        if start_iter == 0 and start_sample == 0:
             self.metrics.reset()
             for meter in self.meters:
                 meter.reset()
@@ -247,13 +266,14 @@ class SelfSupervisionTask(ClassyTask):
                 self.datasets[split], cfg.DATA[split],
                 num_workers=loader_workers(cfg),
                 pin_memory=cfg.DATA.PIN_MEMORY and self.device.type == "cuda",
-                epoch=phase["epoch"], start_iter=start_iter, seed=cfg.SEED_VALUE,
+                epoch=phase["epoch"], start_sample=start_sample, seed=cfg.SEED_VALUE,
                 persistent=cfg.DATA.PERSISTENT_WORKERS,
             )
             if loader.persistent_workers:
                 self._loaders[split] = loader
         else:
-            set_loader_position(loader, phase["epoch"], start_iter)
+            set_loader_position(loader, phase["epoch"], start_sample)
+        self._phase_sampler, self._phase_start_iter = loader.sampler, start_iter
         self.num_iters_in_phase = start_iter + len(loader)
         self.data_iterator = iter(loader)
         self.model.train(self.train)
@@ -322,6 +342,8 @@ class SelfSupervisionTask(ClassyTask):
             "losses": self.metrics.floats("loss"),
             "loss_terms": self.metrics.floats("loss_terms"),
             "amp_grad_scaler": self.amp.state_dict(),
+            "position": self._position_state(phase_complete),
+            "schedule": self.schedule.state(),
         }
         if self.ema_model is not None:
             state["ema_model"] = self.ema_model.get_classy_state()
@@ -333,6 +355,17 @@ class SelfSupervisionTask(ClassyTask):
 
             state = copy.deepcopy(state)
         return state
+
+    def _position_state(self, phase_complete: bool) -> Dict[str, Any]:
+        """The run's settings and, inside a phase, the samples of its global order consumed."""
+        samples = 0
+        if not phase_complete and self._phase_sampler is not None:
+            samples = self._phase_sampler.samples_consumed(
+                self.iteration_num_in_phase - self._phase_start_iter)
+        phase = self.phases[self.phase_idx] if self.phase_idx >= 0 else {"epoch": 0,
+                                                                          "train": True}
+        return {**self.run_settings().state(), "samples_in_phase": samples,
+                "phase_epoch": phase["epoch"], "phase_train": phase["train"]}
 
     def _hook_states(self) -> Dict[str, Any]:
         """``get_classy_state()`` of every hook that has state, by hook name (hooks/base.py)."""
@@ -361,15 +394,16 @@ class SelfSupervisionTask(ClassyTask):
                 logger.warning("the checkpoint holds no EMA model (HOOKS.EMA_MODEL was off): "
                                "the average starts from the restored weights")
         self.iteration = state["iteration"]
-        if state["phase_complete"]:
-            self.phase_idx, self.train_phase_idx = state["phase_idx"], state["train_phase_idx"]
-        else:  # re-enter the same phase, skipping the batches already done
+        plan = plan_resume(state, self.run_settings(),
+                           self.config.CHECKPOINT.get("RESUME_SCHEDULE", "rescale"), self.phases)
+        if plan.message and get_rank() == 0:
+            logger.warning("%s", plan.message)
+        self.phase_idx, self.train_phase_idx = plan.phase_idx, plan.train_phase_idx
+        self.schedule, self._resume_cut = plan.schedule, plan.cut
+        self._resume_start = (plan.start_iter, plan.start_sample)
+        if plan.start_iter or plan.start_sample:  # the phase goes on
             for meter, meter_state in zip(self.meters, state["meters"]):
                 meter.set_classy_state(meter_state)
             self.metrics.reset()  # the phase's averages go on from the saved values
             self.metrics.set_history("loss", state["losses"])
             self.metrics.set_history("loss_terms", state.get("loss_terms", []))
-            self.phase_idx = state["phase_idx"] - 1
-            phase_is_train = self.phases[state["phase_idx"]]["train"]
-            self.train_phase_idx = state["train_phase_idx"] - (1 if phase_is_train else 0)
-            self._resume_start_iter = state["iteration_num_in_phase"]
