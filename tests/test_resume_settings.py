@@ -22,17 +22,24 @@ EVERY_ITERATION = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1", "config.SEED
 
 
 class RecordSteps(SSLHook):
-    """Appends, after every train step, this rank's batch indices, epoch and lr to a file."""
+    """Appends, after every train step, this rank's indices of the step's batches (every
+    micro-batch), the epoch and the lr of the update to a file."""
+
+    def __init__(self):
+        super().__init__()
+        self.indices = []
+
+    def on_forward(self, task):
+        if task.train:  # each index once (the collator repeats it for every view)
+            self.indices += dict.fromkeys(task.last_batch["data_idx"].flatten().tolist())
 
     def on_step(self, task):
         if not task.train:
             return
-        rank = get_rank()
-        row = {"iteration": task.iteration, "epoch": task.phase["epoch"],
-               # each index once (the collator repeats it for every view)
-               "idx": list(dict.fromkeys(task.last_batch["data_idx"].flatten().tolist())),
+        row = {"iteration": task.iteration, "epoch": task.phase["epoch"], "idx": self.indices,
                "lr": task.optimizer.get_lr()}
-        with open(Path(task.checkpoint_folder) / f"steps_rank{rank}.jsonl", "a") as out:
+        self.indices = []
+        with open(Path(task.checkpoint_folder) / f"steps_rank{get_rank()}.jsonl", "a") as out:
             out.write(json.dumps(row) + "\n")
 
 

@@ -50,6 +50,16 @@ class RunSettings:
             return None
         return cls(**{f.name: state[f.name] for f in fields(cls)})
 
+    @classmethod
+    def of_config(cls, config, world_size: int, accumulation_steps: int,
+                  train_size: int) -> "RunSettings":
+        """The settings of a run of ``config`` (``train_size``: 0 without training data)."""
+        train = config.DATA.TRAIN
+        return cls(world_size=world_size, batch_size=int(train.BATCHSIZE_PER_REPLICA),
+                   accumulation_steps=accumulation_steps,
+                   num_epochs=int(config.OPTIMIZER.num_epochs), epoch_samples=train_size,
+                   drop_last=bool(train.DROP_LAST))
+
     def state(self) -> Dict[str, Any]:
         return asdict(self)
 
@@ -98,6 +108,16 @@ class SchedulePosition:
 
     def state(self) -> Dict[str, int]:
         return asdict(self)
+
+
+def position_state(settings: RunSettings, phase: Mapping[str, Any], sampler,
+                   batches: int) -> Dict[str, Any]:
+    """What a checkpoint holds of the run's position: its settings, its phase, and the samples
+    of the phase's global order consumed after ``batches`` batches of ``sampler`` (None: the
+    phase is complete)."""
+    samples = 0 if sampler is None else sampler.samples_consumed(batches)
+    return {**settings.state(), "samples_in_phase": samples, "phase_epoch": phase["epoch"],
+            "phase_train": phase["train"]}
 
 
 def epochs_done(state: Mapping[str, Any]) -> float:

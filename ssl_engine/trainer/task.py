@@ -23,7 +23,8 @@ from ssl_engine.trainer.accumulation import warn_if_accumulation_changes_the_los
 from ssl_engine.trainer.amp import MixedPrecision
 from ssl_engine.trainer.grad_clip import GradClip
 from ssl_engine.trainer.phases import build_phases
-from ssl_engine.trainer.run_position import RunSettings, SchedulePosition, plan_resume
+from ssl_engine.trainer.run_position import (RunSettings, SchedulePosition, plan_resume,
+                                             position_state)
 from ssl_engine.trainer.sharded_ddp import (check_sharded_ddp_config, uses_sharded_ddp,
                                             wrap_sharded_ddp)
 from ssl_engine.trainer.train_steps import get_train_step
@@ -196,15 +197,9 @@ class SelfSupervisionTask(ClassyTask):
                                        forward_sync_buffers=broadcast_buffers(self.config))
 
     def run_settings(self) -> RunSettings:
-        """The settings this run counts its iterations with (the training data's size: 0
-        without training data)."""
-        train = self.config.DATA.TRAIN
-        return RunSettings(
-            world_size=get_world_size(), batch_size=int(train.BATCHSIZE_PER_REPLICA),
-            accumulation_steps=self.accumulation_steps,
-            num_epochs=int(self.config.OPTIMIZER.num_epochs),
-            epoch_samples=len(self.datasets["TRAIN"]) if "TRAIN" in self.datasets else 0,
-            drop_last=bool(train.DROP_LAST))
+        """The settings this run counts its iterations with."""
+        return RunSettings.of_config(self.config, get_world_size(), self.accumulation_steps,
+                                     len(self.datasets.get("TRAIN", ())))
 
     # ------------------------------------------------------------------ phases
     @property
@@ -358,14 +353,9 @@ class SelfSupervisionTask(ClassyTask):
 
     def _position_state(self, phase_complete: bool) -> Dict[str, Any]:
         """The run's settings and, inside a phase, the samples of its global order consumed."""
-        samples = 0
-        if not phase_complete and self._phase_sampler is not None:
-            samples = self._phase_sampler.samples_consumed(
-                self.iteration_num_in_phase - self._phase_start_iter)
-        phase = self.phases[self.phase_idx] if self.phase_idx >= 0 else {"epoch": 0,
-                                                                          "train": True}
-        return {**self.run_settings().state(), "samples_in_phase": samples,
-                "phase_epoch": phase["epoch"], "phase_train": phase["train"]}
+        batches = self.iteration_num_in_phase - self._phase_start_iter
+        return position_state(self.run_settings(), self.phases[max(self.phase_idx, 0)],
+                              None if phase_complete else self._phase_sampler, batches)
 
     def _hook_states(self) -> Dict[str, Any]:
         """``get_classy_state()`` of every hook that has state, by hook name (hooks/base.py)."""
