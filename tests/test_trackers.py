@@ -47,6 +47,21 @@ def same_series(got, expected) -> bool:
         [value for _, value in got] == pytest.approx([value for _, value in expected])
 
 
+SYSTEM_TMP = Path("/tmp")
+TRACKER_FILES = ("wandb", "mlflow", "mlruns")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_in_the_system_temporary_folder():
+    """After this module's runs, /tmp holds no new file of the trackers (W&B's offline and
+    temporary folders, MLflow's store): everything they write stays in the tests' folders."""
+    before = set(SYSTEM_TMP.iterdir())
+    yield
+    left = sorted(str(path) for path in set(SYSTEM_TMP.iterdir()) - before
+                  if any(word in path.name.lower() for word in TRACKER_FILES))
+    assert left == [], f"left in {SYSTEM_TMP}: {left}"
+
+
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
     """One tiny run (4 iterations) with every tracker whose package is installed: (launch

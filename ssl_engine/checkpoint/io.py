@@ -60,6 +60,16 @@ class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (full disk, failing file system)."""
 
 
+def folder_gone_error(folder: Path, writing: str) -> CheckpointWriteError:
+    """The error of a write into CHECKPOINT.DIR after the folder itself vanished (deleted or
+    unmounted while the run went on): ``writing`` is what could not be written."""
+    return CheckpointWriteError(
+        f"config.CHECKPOINT.DIR={folder} no longer exists: it was removed (or unmounted) while "
+        f"the run went on, so {writing} could not be written there. The checkpoints it held "
+        "went with it; restore the folder from a backup to continue with "
+        "config.CHECKPOINT.AUTO_RESUME=true, or start the run again")
+
+
 def _numpy_array_globals() -> list:
     """What unpickling a numpy uint32 array needs (its reconstruct function under numpy 2's and
     numpy 1's module names): the RNG states of checkpoints written before the engine saved them
@@ -187,6 +197,8 @@ def save_checkpoint(folder: Path, filename: str, state: Dict[str, Any]) -> Path:
     CheckpointWriteError when the file system fails (nothing already saved is touched)."""
     check_plain_state(state)
     path = Path(folder) / filename
+    if not Path(folder).is_dir():  # not recreated: the run's other files went with it
+        raise folder_gone_error(Path(folder), f"checkpoint {filename}")
     try:
         atomic_torch_save(state, path)
         point_latest_to(folder, filename)

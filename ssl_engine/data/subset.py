@@ -45,6 +45,20 @@ def balanced_subset(labels: Sequence[int], count: int, skip: int, seed: int) -> 
     return np.concatenate(chosen).astype(np.int64)
 
 
+def check_split_size(total: int, split_cfg, split: str, what: str) -> None:
+    """Before launch: ValueError when a split of a source of ``total`` samples (``what`` names
+    where that number comes from) would hold none, alone or after DATA_LIMIT_SAMPLING's
+    SKIP_NUM_SAMPLES."""
+    key = f"config.DATA.{split}"
+    if total <= 0:
+        raise ValueError(f"{key} is empty: {what} gives 0 samples; a split needs at least one")
+    skip = int(split_cfg.DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES)
+    if int(split_cfg.DATA_LIMIT) > 0 and skip >= total:
+        raise ValueError(f"{key} is empty: {key}.DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES={skip} "
+                         f"skips all {total} samples that {what} gives; set it below "
+                         f"{total}")
+
+
 def limited_indices(source, split_cfg, split: str):
     """The source indices a split keeps (None: all of them, DATA_LIMIT=-1)."""
     limit = int(split_cfg.DATA_LIMIT)

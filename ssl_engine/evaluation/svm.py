@@ -284,6 +284,12 @@ def svm_eval(
                          f"{test_y.shape[1]}")
     if len(train_y) != len(train_features) or len(test_y) != len(test_features):
         raise ValueError("SVM features and targets have different numbers of rows")
+    train_shape, test_shape = np.shape(train_features), np.shape(test_features)
+    if len(train_shape) != 2 or len(test_shape) != 2 or train_shape[1] != test_shape[1]:
+        raise ValueError(
+            f"the SVM's train features are of shape {tuple(train_shape)} and its test features "
+            f"of shape {tuple(test_shape)}: both must be [rows, dims] of one width, the same "
+            "layer of the same model (extract both splits with one config and checkpoint)")
     num_classes = train_y.shape[1]
     classes = [int(c) for c in classes] or list(range(num_classes))
     outside = [c for c in classes if not 0 <= c < num_classes]

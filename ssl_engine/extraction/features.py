@@ -33,6 +33,7 @@ from ssl_engine.extraction.errors import (WRITE_ERRNOS, ExtractionError, NonFini
 from ssl_engine.extraction.files import extracted_paths, signature_path, stale_files, write_index
 from ssl_engine.extraction.rank_files import (PathsFn, RankWriter, merge_split,
                                               remove_temporaries)
+from ssl_engine.models.feature_eval import PoolTooLarge
 from ssl_engine.utils.cpu_budget import loader_workers
 from ssl_engine.utils.distributed import (broadcast_object, get_rank, get_world_size,
                                           is_distributed)
@@ -169,6 +170,8 @@ def extract_features(model: torch.nn.Module, datasets: Dict[str, object], cfg,
         except Exception as err:
             if isinstance(err, NonFiniteFeatures):
                 raise non_finite_failure(err, folder, split, list(written)) from None
+            if isinstance(err, PoolTooLarge):  # a setting the model could not check alone
+                raise ExtractionError(str(err)) from None
             if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
                 raise write_failure(err, folder, split, list(written)) from None
             # anything else, a ConnectionResetError (an OSError) from a dying worker included

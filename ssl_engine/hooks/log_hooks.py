@@ -13,6 +13,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
+from ssl_engine.checkpoint.io import folder_gone_error
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.utils.distributed import get_world_size, is_primary
 
@@ -47,8 +48,15 @@ def flat_text(values: Dict[str, Any], prefix: str = "") -> str:
 
 
 def append_metrics(folder: str, record: Dict[str, Any]) -> None:
-    with open(Path(folder) / "metrics.json", "a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    """Append ``record`` to ``folder/metrics.json``; CheckpointWriteError (one message) when the
+    folder has vanished during the run."""
+    try:
+        with open(Path(folder) / "metrics.json", "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    except FileNotFoundError:
+        if Path(folder).is_dir():
+            raise
+        raise folder_gone_error(Path(folder), "metrics.json") from None
 
 
 def _written_after(line: str, phase_idx: int, iteration_in_phase: int) -> bool:

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings
+from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings, apply_pools
 from ssl_engine.models.heads.mlp import MLP
 from ssl_engine.models.multi_input import (
     build_head_chains,
@@ -221,7 +221,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         for batch in batches:
             outputs = self.trunk(batch, keys)
             if pools is not None:
-                outputs = [pool(output) for pool, output in zip(pools, outputs)]
+                outputs = apply_pools(keys, pools, outputs, batch.shape[-2:])
             per_batch.append(outputs)
         return [concat_crops(key, [f[i] for f in per_batch]) for i, key in enumerate(keys)]
 

@@ -1,9 +1,9 @@
 """MODEL.FEATURE_EVAL_SETTINGS: which trunk stages are evaluated, how they are pooled, what is
 frozen."""
 from dataclasses import dataclass, field
-from typing import Any, List, Tuple
+from typing import Any, List, Sequence, Tuple
 
-from torch import nn
+from torch import Tensor, nn
 
 SETTINGS = "MODEL.FEATURE_EVAL_SETTINGS"
 POOL_OPS_MAP = f"{SETTINGS}.LINEAR_EVAL_FEAT_POOL_OPS_MAP"
@@ -28,6 +28,36 @@ def build_pool_op(index: int, name: Any, args: Any) -> nn.Module:
         return op_class(*_as_tuples(args))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: cannot build {name}{_as_tuples(args)}: {error}") from None
+
+
+class PoolTooLarge(ValueError):
+    """A pool op of LINEAR_EVAL_FEAT_POOL_OPS_MAP larger than the feature map of its stage."""
+
+
+def apply_pools(stages: Sequence[str], pools: Sequence[nn.Module], outputs: Sequence[Tensor],
+                image_size: Sequence[int]) -> List[Tensor]:
+    """Entry i of the map: ``pools[i]`` applied to ``outputs[i]``, the output of ``stages[i]``
+    for images of ``image_size`` (H, W)."""
+    return [apply_pool(index, stage, pool, output, image_size)
+            for index, (stage, pool, output) in enumerate(zip(stages, pools, outputs))]
+
+
+def apply_pool(index: int, stage: str, pool: nn.Module, features: Tensor,
+               image_size: Sequence[int]) -> Tensor:
+    """``pool(features)``, the pool op of entry ``index`` of the map on ``stage``'s output for
+    images of ``image_size`` (H, W); PoolTooLarge naming the entry and both sizes when the
+    pool's window does not fit the feature map."""
+    try:
+        return pool(features)
+    except RuntimeError as error:
+        if "Output size is too small" not in str(error):
+            raise
+        height, width = features.shape[-2:]
+        raise PoolTooLarge(
+            f"config.{POOL_OPS_MAP}[{index}]: {pool} does not fit stage {stage}, whose feature "
+            f"map is {height}x{width} for the {image_size[0]}x{image_size[1]} images given to "
+            f"the model: use a window of at most {height}x{width}, or an adaptive pool "
+            "(e.g. AdaptiveAvgPool2d) of the output size wanted") from None
 
 
 def parse_pool_ops_map(entries: Any) -> List[Tuple[str, nn.Module]]:

@@ -1,10 +1,12 @@
 """Images listed in a .npy file of paths, with labels from an optional label file."""
 import json
+import os
 
 import numpy as np
 
 from ssl_engine.data.datasources.image_io import load_rgb_image
 from ssl_engine.data.registry import register_datasource
+from ssl_engine.data.subset import check_split_size
 
 
 def _load_npy(path: str, key: str, mmap: bool) -> np.ndarray:
@@ -17,6 +19,63 @@ def _load_npy(path: str, key: str, mmap: bool) -> np.ndarray:
             f"{key}: {path} must be a numpy array of strings or integers saved without pickling "
             f"(e.g. np.save(path, np.array(list_of_str))): {err}"
         ) from err
+
+
+_FILELIST_FORM = ("disk_filelist reads a numpy .npy file holding a 1-D array of image paths, "
+                  "written with np.save(path, np.array(list_of_paths))")
+
+
+def _is_text(start: bytes) -> bool:
+    try:
+        return bool(start) and "\x00" not in start.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+
+
+def _npy_shape_and_dtype(path: str, key: str):
+    """(shape, dtype) from the header of the .npy file ``path``, without reading its array;
+    ValueError naming ``key`` when ``path`` is a folder, an empty file or no .npy file."""
+    if os.path.isdir(path):
+        raise ValueError(f"{key}: {path} is a folder; {_FILELIST_FORM} (for a folder of class "
+                         "folders of images use the disk_folder source)")
+    with open(path, "rb") as handle:
+        start = handle.read(len(np.lib.format.MAGIC_PREFIX))
+        if start != np.lib.format.MAGIC_PREFIX:
+            if not start:
+                what = "is empty (0 bytes)"
+            else:
+                what = ("is a text file, not a .npy file" if _is_text(start) else
+                        "is not a .npy file (it does not start with numpy's header)")
+            hint = ("; a text file of one path per line converts with np.save('list.npy', "
+                    "np.array(open('list.txt').read().splitlines()))" if _is_text(start) else "")
+            raise ValueError(f"{key}: {path} {what}: {_FILELIST_FORM}{hint}")
+        handle.seek(0)
+        try:
+            version = np.lib.format.read_magic(handle)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:  # a newer format version: numpy's loader reads it
+                array = np.load(path, mmap_mode="r", allow_pickle=False)
+                return array.shape, array.dtype
+            shape, _, dtype = read_header(handle)
+        except ValueError as err:
+            raise ValueError(f"{key}: {path} is not a valid .npy file ({err}): "
+                             f"{_FILELIST_FORM}") from None
+    return shape, dtype
+
+
+def check_filelist(cfg, split: str, path: str, source_index: int) -> None:
+    """Before launch: ``path`` is a .npy file of a 1-D array of paths, not empty (nor emptied
+    by DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES)."""
+    key = f"config.DATA.{split}.DATA_PATHS[{source_index}]"
+    shape, dtype = _npy_shape_and_dtype(path, key)
+    if dtype.hasobject:
+        raise ValueError(f"{key}: {path} holds Python objects, which only pickles can store, "
+                         f"and pickled files are not read (loading one can run code): "
+                         f"{_FILELIST_FORM}")
+    if len(shape) != 1:
+        raise ValueError(f"{key}: {path} holds an array of shape {shape}; {_FILELIST_FORM}")
+    check_split_size(shape[0], cfg.DATA[split], split, f"the file list {key}={path}")
 
 
 _OBJECT_LABELS_FIX = (
@@ -90,6 +149,7 @@ class DiskFilelistSource:
     its place (a file list written on another machine)."""
 
     needs_path = True
+    check_path = staticmethod(check_filelist)
 
     def __init__(self, cfg, split: str, path: str, source_index: int):
         mmap = bool(cfg.DATA[split].MMAP_MODE)

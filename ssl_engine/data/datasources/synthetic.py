@@ -3,6 +3,7 @@ import numpy as np
 from PIL import Image
 
 from ssl_engine.data.registry import register_datasource
+from ssl_engine.data.subset import check_split_size
 
 _SPLIT_STREAM = {"TRAIN": 0, "TEST": 1}
 
@@ -13,6 +14,13 @@ class SyntheticImageSource:
     (split, i); its label is ``i % NUM_CLASSES``. The path is ignored."""
 
     needs_path = False
+
+    @staticmethod
+    def check_path(cfg, split: str, path: str, source_index: int) -> None:
+        """Before launch: the split holds at least one image."""
+        check_split_size(int(cfg.DATA[split].SYNTHETIC.NUM_SAMPLES), cfg.DATA[split], split,
+                         f"config.DATA.{split}.SYNTHETIC.NUM_SAMPLES="
+                         f"{cfg.DATA[split].SYNTHETIC.NUM_SAMPLES}")
 
     def __init__(self, cfg, split: str, path: str, source_index: int):
         settings = cfg.DATA[split].SYNTHETIC
