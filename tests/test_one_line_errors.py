@@ -142,6 +142,20 @@ def test_a_pool_larger_than_its_feature_map_stops_in_one_line(tmp_path, capsys):
     assert not list(run_dir.rglob("*.npy"))  # no partial or temporary feature file
 
 
+def test_a_pool_larger_than_its_feature_map_stops_a_linear_evaluation_in_one_line(tmp_path,
+                                                                                 capsys):
+    """The same pool in a training run (a linear evaluation): one line, exit code 1."""
+    code, err = run_main(
+        capsys, tmp_path / "run", "config.OPTIMIZER.num_epochs=1", "config.TEST_MODEL=false",
+        "config.DATA.TRAIN.DATA_LIMIT=64", "config.MODEL.FEATURE_EVAL_SETTINGS."
+        "LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res4,[AvgPool2d,[[8,8],1,0]]],[res5avg,[Identity,[]]]]",
+        config="config=benchmark/linear_image_classification/digits/eval_resnet_linear")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"
+                          "[0]: AvgPool2d(kernel_size=(8, 8), stride=1, padding=0) does not fit "
+                          "stage res4, whose feature map is 4x4"), err
+
+
 # ---------------------------------------------------------------- the run's folder removed
 
 

@@ -9,6 +9,7 @@ from ssl_engine.data.datasources.image_io import ImageLoadError
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.loader import DataWorkerDiedError, stopped_on_worker_death
 from ssl_engine.hooks.base import SSLClassyHookFunctions as Event
+from ssl_engine.models.feature_eval import PoolTooLarge
 from ssl_engine.trainer.cuda_cache import CudaCacheClearer
 from ssl_engine.trainer.process import setup_process
 from ssl_engine.utils.classy import TASK_REGISTRY
@@ -19,10 +20,11 @@ from ssl_engine.utils.stop_request import RunStopped, StopRequest, signal_name
 logger = logging.getLogger(__name__)
 
 # Errors a user causes (bad data, a diverging run, an unreadable or unsafe checkpoint, a weights
-# file that does not fit, a full disk, a dead data-loader worker, labels of different shapes),
-# reported as one message beside what was already saved.
+# file that does not fit, a full disk, a dead data-loader worker, labels of different shapes,
+# an evaluation pool larger than its feature map), reported as one message beside what was
+# already saved.
 USER_ERRORS = (FloatingPointError, CheckpointError, ImageLoadError, WeightsInitError,
-               DataWorkerDiedError, MixedLabelShapes)
+               DataWorkerDiedError, MixedLabelShapes, PoolTooLarge)
 RESUME_HINT = (". Checkpoints already written are intact: continue with "
                "config.CHECKPOINT.AUTO_RESUME=true")
 
