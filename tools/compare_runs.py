@@ -6,6 +6,7 @@ picture of their curves overlaid.
     python tools/compare_runs.py RUN_DIR [RUN_DIR ...] [--out runs.png]
 """
 import argparse
+import logging
 import sys
 
 from ssl_engine.report import comparison_figure, comparison_table, read_run_folder, save_figure
@@ -16,6 +17,7 @@ def main(argv=None) -> int:
     parser.add_argument("folders", nargs="+", help="run folders (their CHECKPOINT.DIR)")
     parser.add_argument("--out", default="compare_runs.png", help="the picture (PNG)")
     args = parser.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s: %(message)s")  # e.g. lines of metrics.json skipped
     try:
         runs = [read_run_folder(folder) for folder in args.folders]
     except FileNotFoundError as error:

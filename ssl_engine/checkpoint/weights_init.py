@@ -159,6 +159,42 @@ HEADS = "heads."
 EVAL_TRUNK_AND_HEAD = "MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD"
 
 
+def _skipped_by(key: str, skip_layers: Sequence[str], prefix: str) -> bool:
+    return any(pattern in key or pattern in model_key_to_vissl(key, prefix)
+               for pattern in skip_layers)
+
+
+def check_heads_in_file(model: nn.Module, weights_cfg: Mapping[str, Any]) -> None:
+    """Before an extraction of the heads' outputs: every head tensor of ``model`` (built on the
+    meta device will do) is in PARAMS_FILE, else the features would come out of partly random
+    heads (WeightsInitError naming the tensors). Head tensors SKIP_LAYERS names are accepted:
+    the user asked for them to stay at their initial values."""
+    settings = getattr(model, "eval_settings", None)
+    heads = getattr(model, "heads", None)
+    if (not weights_cfg.get("PARAMS_FILE") or not heads
+            or settings is None or settings.extract_trunk_features_only):
+        return
+    prefix = model_key_prefix(model)
+    state = read_state(weights_cfg, mmap=True, vissl_prefix=prefix)
+    skip_layers = [str(s) for s in weights_cfg.get("SKIP_LAYERS") or [] if str(s)]
+    missing = [key for key in model.state_dict() if key.startswith(HEADS) and key not in state
+               and not key.endswith("num_batches_tracked")
+               and not _skipped_by(key, skip_layers, prefix)]
+    if missing:
+        layers = list(dict.fromkeys(key.rsplit(".", 1)[0] for key in missing))
+        shown = ", ".join(missing[:MAX_LOGGED_NAMES])
+        hidden = len(missing) - MAX_LOGGED_NAMES
+        more = f", ... ({hidden} more)" if hidden > 0 else ""
+        raise WeightsInitError(
+            f"config.{WHERE}.PARAMS_FILE={weights_cfg.get('PARAMS_FILE')} lacks {len(missing)} "
+            f"head tensor(s) of the model ({shown}{more}): the extracted features would come "
+            "out of partly random heads. Give config.MODEL.HEAD.PARAMS the heads the file was "
+            "trained with, extract the trunk's features "
+            "(config.MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=true), or keep "
+            f"those layers at their initial values with config.{WHERE}.SKIP_LAYERS="
+            f"[{', '.join(skip_layers + layers)}]")
+
+
 def _check_heads_loaded(report: WeightsInitReport, targets: Mapping[str, torch.Tensor]) -> None:
     """EVAL_TRUNK_AND_HEAD: every head tensor of the model comes from the file."""
     loaded = set(report.loaded)
@@ -199,7 +235,7 @@ def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> Weigh
     report = WeightsInitReport(str(weights_cfg.get("PARAMS_FILE")))
     report.missing = [key for key in targets if key not in state]
     for key in state:
-        if any(pattern in key or pattern in model_key_to_vissl(key, prefix) for pattern in skip_layers):
+        if _skipped_by(key, skip_layers, prefix):
             report.skipped.append(key)
         elif key in targets:
             report.loaded.append(key)

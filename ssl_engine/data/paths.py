@@ -92,3 +92,35 @@ def check_data_paths(cfg, split: str) -> None:
         labels = label_path(cfg, split, index)
         if labels:
             _require_exists(labels, f"config.DATA.{split}.LABEL_PATHS[{index}]")
+
+
+def split_size(cfg, split: str) -> int:
+    """How many samples ``split`` has once DATA_LIMIT and SKIP_NUM_SAMPLES are applied (its
+    source is listed: a disk_folder tree is walked)."""
+    classes = source_classes(cfg, split)
+    path = source_paths(cfg, split, classes)[0]
+    total = len(classes[0](cfg, split, path, 0))
+    data = cfg.DATA[split]
+    if data.DATA_LIMIT < 0:
+        return total
+    skip = int(data.DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES)
+    return min(int(data.DATA_LIMIT), max(total - skip, 0))
+
+
+def check_full_batch(cfg, split: str) -> None:
+    """With DROP_LAST, refuse a split smaller than one batch of every process: each process
+    would drop its only, incomplete batch and the phase would run no iteration."""
+    data = cfg.DATA[split]
+    if not data.DROP_LAST:
+        return
+    processes = int(cfg.DISTRIBUTED.NUM_NODES) * int(cfg.DISTRIBUTED.NUM_PROC_PER_NODE)
+    needed = int(data.BATCHSIZE_PER_REPLICA) * processes
+    size = split_size(cfg, split)
+    if size < needed:
+        fit = (f"a BATCHSIZE_PER_REPLICA of at most {size // processes}" if size >= processes
+               else f"at most {size} process(es)")
+        raise ValueError(
+            f"config.DATA.{split}.DROP_LAST=true with {size} sample(s) and "
+            f"config.DATA.{split}.BATCHSIZE_PER_REPLICA={data.BATCHSIZE_PER_REPLICA} x {processes} "
+            f"process(es) = {needed} per batch: every batch is incomplete and dropped, so the "
+            f"phase would run no iteration. Set config.DATA.{split}.DROP_LAST=false or {fit}")

@@ -10,6 +10,7 @@ from ssl_engine.extraction.one_view import check_extraction_splits
 from ssl_engine.trainer.default_hooks import default_hook_generator
 from ssl_engine.models.base_ssl_model import check_model_config
 from ssl_engine.checkpoint import check_weights_file
+from ssl_engine.checkpoint.weights_init import check_heads_in_file
 from ssl_engine.trainer.process import machine_ranks
 from ssl_engine.utils.logger import setup_logging
 
@@ -17,8 +18,8 @@ from ssl_engine.utils.logger import setup_logging
 def check_extract_config(cfg) -> None:
     """The model has layers to extract (trunk stages, or heads), the splits are known, their
     data exists, extraction can read one view per image of them, the output folder is
-    writable, and the weights file (MODEL.WEIGHTS_INIT.PARAMS_FILE) loads and holds a state
-    dict."""
+    writable, and the weights file (MODEL.WEIGHTS_INIT.PARAMS_FILE) loads, holds a state
+    dict and, when the heads are extracted, every head tensor (or SKIP_LAYERS names it)."""
     model = check_model_config(cfg.MODEL)
     if model is not None:
         model.extract_layer_names()  # e.g. heads asked for where the model has none
@@ -28,6 +29,8 @@ def check_extract_config(cfg) -> None:
     check_extraction_splits(cfg, splits)
     ensure_writable(extraction_dir(cfg))
     check_weights_file(cfg.MODEL.WEIGHTS_INIT)
+    if model is not None:
+        check_heads_in_file(model, cfg.MODEL.WEIGHTS_INIT)
 
 
 def extraction_engine(method: str, writes: str) -> Callable:

@@ -6,6 +6,7 @@ from ssl_engine.checkpoint import (check_latest_pointer, check_resume_files, lis
                                    load_latest_checkpoint)
 from ssl_engine.config import ConfigError
 from ssl_engine.data import check_data_paths
+from ssl_engine.data.paths import check_full_batch
 from ssl_engine.engines.registry import register_engine
 from ssl_engine.hooks.distillation_hook import check_teacher
 from ssl_engine.hooks.frozen_params_hook import check_frozen_params
@@ -14,6 +15,7 @@ from ssl_engine.losses.distillation import TeacherLoss
 from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
                                               check_trainable)
 from ssl_engine.models.sync_bn import check_sync_bn_config
+from ssl_engine.optimizers.param_schedulers import check_lr_not_negative
 from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
 from ssl_engine.trainer import SelfSupervisionTrainer
 from ssl_engine.trainer.amp import COMPILE_MODES, amp_dtype, compile_unavailable_reason
@@ -30,7 +32,8 @@ def check_train_config(cfg) -> None:
     the heads the loss needs, something to train and the parameters
     MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names; a distillation's teacher builds and its weights
     file loads; gradient clipping and the weight-decay
-    schedule are valid; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
+    schedule are valid, the lr schedules never negative; with DROP_LAST a split holds one batch
+    of every process; CHECKPOINT.DIR is writable and is not another run's; the checkpoint or
     weights file it starts from loads, and a checkpoint is not already past the run's end
     (``RunAlreadyComplete``: the launch ends with exit code 0)."""
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
@@ -49,6 +52,7 @@ def check_train_config(cfg) -> None:
     GradClip.from_config(cfg.MODEL.GRAD_CLIP)  # NORM_TYPE and MAX_NORM
     if not cfg.TEST_ONLY:
         build_weight_decay_scheduler(cfg.OPTIMIZER)
+        check_lr_not_negative(cfg.OPTIMIZER)
         model = check_model_config(cfg.MODEL)
         if model is not None:
             check_trainable(model)
@@ -59,6 +63,7 @@ def check_train_config(cfg) -> None:
     splits = ([] if cfg.TEST_ONLY else ["TRAIN"]) + (["TEST"] if cfg.TEST_MODEL else [])
     for split in splits:
         check_data_paths(cfg, split)
+        check_full_batch(cfg, split)
     folder = Path(cfg.CHECKPOINT.DIR)
     err = writable_folder_error(folder)
     if err is not None:

@@ -182,3 +182,49 @@ def build_scheduled_param(optimizer_cfg: Mapping[str, Any], key: str) -> ClassyP
 def build_lr_scheduler(optimizer_cfg: Mapping[str, Any]) -> ClassyParamScheduler:
     """The learning-rate schedule of ``cfg.OPTIMIZER``: a callable ``where -> lr``."""
     return build_scheduled_param(optimizer_cfg, "lr")
+
+
+# the settings that hold a schedule's values, per scheduler name (composite: its schedulers')
+_VALUE_KEYS = {"constant": ("value",), "linear": ("start_value", "end_value"),
+               "cosine": ("start_value", "end_value"), "multistep": ("values",),
+               "step": ("values",),
+               "cosine_warm_restart": ("start_value", "end_value", "lr_multiplier")}
+_SAMPLES = 10000  # points of the schedule looked at, besides its settings
+
+
+def _negative_settings(scheduler_cfg: Mapping[str, Any], path: str) -> list:
+    """``<path>.<key>=<value>`` of each negative value setting the schedule uses."""
+    found = []
+    base = (scheduler_cfg.get("auto_lr_scaling") or {}).get("base_value")
+    if base is not None and base < 0:
+        found.append(f"{path}.auto_lr_scaling.base_value={base}")
+    for key in _VALUE_KEYS.get(scheduler_cfg.get("name"), ()):
+        value = scheduler_cfg.get(key)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(v is not None and v < 0 for v in values):
+            found.append(f"{path}.{key}={value}")
+    for index, sub in enumerate(scheduler_cfg.get("schedulers") or []):
+        found += _negative_settings(sub, f"{path}.schedulers[{index}]")
+    return found
+
+
+def check_lr_not_negative(optimizer_cfg: Mapping[str, Any]) -> None:
+    """Before launch: the lr schedules (``lr``, and ``lr_head`` when the heads use it) never
+    give a negative learning rate, which would step up the gradient (ValueError naming the
+    setting)."""
+    keys = ["lr"]
+    if (optimizer_cfg.get("head_optimizer_params") or {}).get("use_different_lr", False):
+        keys.append("lr_head")
+    for key in keys:
+        path = f"config.OPTIMIZER.param_schedulers.{key}"
+        settings = _negative_settings(optimizer_cfg["param_schedulers"][key], path)
+        schedule = build_scheduled_param(optimizer_cfg, key)
+        where, lowest = min(((i / _SAMPLES, schedule(i / _SAMPLES)) for i in range(_SAMPLES)),
+                            key=lambda point: point[1])
+        if settings or lowest < 0:
+            name = optimizer_cfg["param_schedulers"][key].get("name")
+            what = "; ".join(settings) or f"{path} ({name})"
+            gives = (f" (the schedule gives {lowest:.3g} at {where:.0%} of training)"
+                     if lowest < 0 else "")
+            raise ValueError(f"{what}: a negative learning rate{gives} steps up the gradient, so "
+                             "the loss climbs; give learning rates of 0 or more")

@@ -2,6 +2,7 @@
 runs: the rows of metrics.json, the composed config (``config.yaml``, or the one a checkpoint
 keeps), the checkpoints and the log. Works on a finished run, one in progress, one killed
 mid-way (a half-written last line is skipped) and one made before the report existed."""
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,13 +13,34 @@ import yaml
 from ssl_engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from ssl_engine.utils.io import json_objects
 
+logger = logging.getLogger(__name__)
+MAX_NAMED_LINES = 10  # skipped lines of metrics.json named in the warning
 CONFIG_NAME = "config.yaml"  # the composed config, written by the run report hook at the start
 PROBE_PREFIX = "online_probe"
 
 
 def read_rows(path: Path) -> List[dict]:
-    """The JSON objects of metrics.json, one a line; lines that do not parse are skipped."""
-    return json_objects(path.read_text().splitlines()) if path.is_file() else []
+    """The JSON objects of metrics.json, one a line; lines that do not parse are skipped, with
+    one warning naming them (but for a last line without its newline: the half-written line of
+    a run in progress or killed, skipped silently)."""
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    lines = text.splitlines()
+    rows, skipped = [], []
+    for number, line in enumerate(lines, start=1):
+        row = json_objects([line])
+        if row:
+            rows += row
+        elif line.strip() and not (number == len(lines) and not text.endswith("\n")):
+            skipped.append(number)
+    if skipped:
+        shown = ", ".join(str(n) for n in skipped[:MAX_NAMED_LINES])
+        hidden = len(skipped) - MAX_NAMED_LINES
+        more = f", ... ({hidden} more)" if hidden > 0 else ""
+        logger.warning("%s: skipped %d line(s) that are not JSON objects (line %s%s); the "
+                       "steps they held are left out", path, len(skipped), shown, more)
+    return rows
 
 
 def _number(value: Any) -> Optional[float]:
