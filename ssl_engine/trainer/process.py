@@ -1,10 +1,21 @@
 """What a rank does for its process before any work: pick the device, size the thread pools,
 set the host allocator, join torch.distributed and seed the generators. Called by the trainer
-(``SelfSupervisionTrainer``) and by the extraction workflow (``ssl_engine.extraction``)."""
+(``SelfSupervisionTrainer``) and by the extraction workflow (``ssl_engine.extraction``).
+A process started by the launcher first ties its life to the launcher's (``die_with_launcher``).
+"""
+import ctypes
 import datetime
 import logging
+import multiprocessing
 import os
-from typing import NamedTuple
+import select
+import signal
+import sys
+import threading
+import time
+from multiprocessing import resource_tracker
+from pathlib import Path
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -13,8 +24,106 @@ from ssl_engine.utils import rng
 from ssl_engine.utils.cpu_budget import configure_threads
 from ssl_engine.utils.distributed import elastic_attempt_store, export_nccl_settings
 from ssl_engine.utils.host_memory import reuse_freed_memory
+from ssl_engine.utils.run_lock import process_alive
 
 logger = logging.getLogger(__name__)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+LAUNCHER_POLL_S = 0.5  # how often the launcher is looked at where it cannot be waited on
+ORPHAN_NOTE_S = 0.5  # how long an orphan tries to say why it ends before it does
+
+
+def die_with_launcher(launcher: Tuple[int, Optional[int]], local_rank: int) -> None:
+    """End this process, and the processes it starts (data-loader workers), when the launcher
+    ``launcher`` = (pid, start time, see ``run_lock.process_start``) that started it ends,
+    however it ends (``kill -9``, the out-of-memory killer): a run whose launcher is gone must
+    not go on writing into a folder that a relaunch takes over.
+
+    Two ways, as early as this process runs: the kernel's parent-death signal (SIGKILL when the
+    parent ends; the parent is the launcher with the spawn start method, the forkserver
+    otherwise, which lives as long as the processes it forked), and a thread that waits for the
+    launcher itself to end (on a pidfd, or polling without one), then kills the processes this
+    one started and this process. A launcher already gone when this is called (before the signal
+    was set) ends this process at once."""
+    pid, start = launcher
+    _set_parent_death_signal(signal.SIGKILL)
+    if not process_alive(pid, start):
+        _end_orphan(pid, local_rank)
+    threading.Thread(target=_watch_launcher, args=(pid, start, local_rank), daemon=True,
+                     name="launcher-watch").start()
+
+
+def _set_parent_death_signal(signum: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the watching thread alone
+        pass
+
+
+def _watch_launcher(pid: int, start: Optional[int], local_rank: int) -> None:
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone already
+        pass
+    except (AttributeError, OSError):  # no pidfd (another system, an old kernel): poll
+        while process_alive(pid, start):
+            time.sleep(LAUNCHER_POLL_S)
+    else:
+        if process_alive(pid, start):  # the pid is still the launcher's
+            waiter = select.poll()
+            waiter.register(handle, select.POLLIN)
+            waiter.poll()  # readable once the launcher has ended
+    _end_orphan(pid, local_rank)
+
+
+def _descendants(pid: int) -> List[int]:
+    """The pids of the processes ``pid`` started, and of those they started (data-loader
+    workers, and the forkserver that starts them), from /proc; its direct children from
+    multiprocessing where /proc does not list children."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        try:
+            children = [int(child) for task in Path(f"/proc/{parent}/task").iterdir()
+                        for child in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            if parent != pid:
+                continue
+            children = [child.pid for child in multiprocessing.active_children()]
+        found.extend(children)
+        queue.extend(children)
+    return found
+
+
+def _end_orphan(launcher_pid: int, local_rank: int) -> None:
+    """Kill the processes this one started, say why on stderr (if that does not block), and
+    kill this process (no clean-up: as if killed together with its launcher). The resource
+    tracker is spared: it ends by itself once they are all gone, removing the shared memory
+    and semaphores they left."""
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    for child in _descendants(os.getpid()):
+        if child != tracker:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+    note = (f"process {local_rank} of the run (pid {os.getpid()}) ends: its launcher (pid "
+            f"{launcher_pid}) is gone\n").encode()
+    writer = threading.Thread(target=_write_stderr, args=(note,), daemon=True)
+    writer.start()
+    writer.join(ORPHAN_NOTE_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _write_stderr(data: bytes) -> None:
+    try:
+        os.write(2, data)
+    except OSError:  # nobody reads it any more
+        pass
 
 
 class RankProcess(NamedTuple):
