@@ -8,10 +8,16 @@ import logging
 import os
 import sys
 
-from ssl_engine.engines.launcher import main
+from ssl_engine.utils.oom import watch_parent
 
 if __name__ == "__main__":
+    # before torch is imported: a small copy of this process that says so if this one is
+    # killed for lack of memory (nothing else can: the kernel's SIGKILL leaves no last word)
+    watch = watch_parent()
+    from ssl_engine.engines.launcher import main
+
     code = main(sys.argv[1:])
+    watch.finished()
     if code == 1:
         # A run that failed has said all it has to say in one line: leave without the
         # interpreter's teardown, where torch's finalisers of shared memory left by dead

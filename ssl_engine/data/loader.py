@@ -1,5 +1,6 @@
 """The data loader of one phase: sampler position, collator and worker settings; the error
 that replaces torch's when a loader worker process dies."""
+import functools
 import logging
 import os
 import re
@@ -17,6 +18,7 @@ from ssl_engine.data.collators import build_collator
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.sampler import StatefulDistributedSampler
 from ssl_engine.utils.logger import setup_logging
+from ssl_engine.utils.process_watch import end_with
 from ssl_engine.utils.stop_request import ignore_interrupts
 
 
@@ -68,16 +70,19 @@ def build_dataloader(
             list(split_cfg.get("LABEL_PATHS", None) or [])),
         drop_last=split_cfg.DROP_LAST,
         persistent_workers=persistent,
-        worker_init_fn=init_worker,
+        worker_init_fn=functools.partial(init_worker, rank_pid=os.getpid()),
         generator=torch.Generator().manual_seed(seed + epoch),
     )
 
 
-def init_worker(worker_id: int) -> None:
-    """Each loader worker at its start: the logging of its rank, and a Ctrl-C stops the rank,
-    not its workers."""
+def init_worker(worker_id: int, rank_pid: Optional[int] = None) -> None:
+    """Each loader worker at its start: the logging of its rank, a Ctrl-C stops the rank, not
+    its workers, and the worker ends with the rank ``rank_pid`` (a rank killed by SIGKILL
+    leaves no worker behind, holding memory and the run's output)."""
     worker_logging(worker_id)
     ignore_interrupts(worker_id)
+    if rank_pid is not None:
+        end_with(rank_pid)
 
 
 def worker_logging(worker_id: int) -> None:

@@ -14,7 +14,7 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -26,11 +26,13 @@ from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.engines.prelaunch import holds_run_lock, load_checked_config, started_by_torchrun
 from ssl_engine.engines.slurm import is_local, submit
 from ssl_engine.extraction.errors import ExtractionError
+from ssl_engine.trainer.process import die_with_launcher
 from ssl_engine.trainer.run_position import RunAlreadyComplete
 from ssl_engine.trainer.trainer import USER_ERRORS
 from ssl_engine.utils.logger import launcher_logging
+from ssl_engine.utils.oom import cgroup_oom_kills, lower_memory_hint, oom_evidence
 from ssl_engine.utils.registry import UnknownNameError
-from ssl_engine.utils.run_lock import RunLock, RunLockError
+from ssl_engine.utils.run_lock import RunLock, RunLockError, process_start
 from ssl_engine.utils.stop_request import (RunStopped, launcher_stop_signals, signal_name,
                                            stop_signals)
 
@@ -124,7 +126,10 @@ def _take_parent_state(state: dict) -> None:
 def _run_process(local_rank: int, engine_name: str, cfg: AttrDict, run_id: str,
                  checkpoint_path: Optional[str], hook_generator,
                  error_dir: Optional[str] = None, shared_stop=None,
-                 parent_state: Optional[dict] = None) -> None:
+                 parent_state: Optional[dict] = None,
+                 launcher: Optional[Tuple[int, Optional[int]]] = None) -> None:
+    if launcher is not None:  # a started process: it ends with the launcher (pid, start)
+        die_with_launcher(launcher, local_rank)
     if parent_state is not None:
         _take_parent_state(parent_state)
     import_plugins()
@@ -200,13 +205,15 @@ def start_method(cfg: AttrDict) -> str:
 
 
 def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
-           checkpoint_path: Optional[str], hook_generator) -> None:
+           checkpoint_path: Optional[str], hook_generator,
+           on_started: Optional[Callable[[Sequence[int]], None]] = None) -> None:
     """``nproc`` processes; when one fails on an error a user caused, RankUserError with its
     message (the others then fail too, on the missing process: those errors say nothing).
     After a failure the others have SPAWN_GRACE_S seconds to end by themselves (and release
     what their data-loader workers hold) before they are terminated. A SIGTERM / SIGINT to
     this process is passed to them (a value they share) when the engine stops on signals:
-    they stop cleanly and RunStopped is raised here."""
+    they stop cleanly and RunStopped is raised here. They end with this process however it
+    ends (``die_with_launcher``); ``on_started`` gets their pids once they are started."""
     method = start_method(cfg)
     if method == "forkserver":
         mp.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the server runs
@@ -215,8 +222,11 @@ def _spawn(nproc: int, engine_name: str, cfg: AttrDict, run_id: str,
         try:
             context = mp.start_processes(
                 _run_process, args=(engine_name, cfg, run_id, checkpoint_path, hook_generator,
-                                    error_dir, shared_stop, _parent_state()),
+                                    error_dir, shared_stop, _parent_state(),
+                                    (os.getpid(), process_start(os.getpid()))),
                 nprocs=nproc, join=False, start_method=method)
+            if on_started is not None:
+                on_started([process.pid for process in context.processes])
             signals = launcher_stop_signals(shared_stop, _abort_at_once(context)) \
                 if get_engine(engine_name).stops_on_signal else contextlib.nullcontext()
             with signals:
@@ -237,9 +247,10 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
                        hook_generator: Optional[Callable] = None) -> None:
     """Run ``engine_name`` in this process (one process, or under torchrun) or in
     ``NUM_PROC_PER_NODE`` spawned processes, holding the lock of CHECKPOINT.DIR (RunLockError
-    if another live run holds it)."""
+    if another live run holds it, or if it cannot be written); the lock lists the spawned
+    processes too."""
     holds_lock = holds_run_lock(cfg)
-    with RunLock(cfg.CHECKPOINT.DIR) if holds_lock else contextlib.nullcontext():
+    with RunLock(cfg.CHECKPOINT.DIR) if holds_lock else contextlib.nullcontext() as lock:
         if holds_lock:
             remove_unfinished_saves(cfg.CHECKPOINT.DIR)
         run_id = dist_run_id(cfg)
@@ -247,7 +258,8 @@ def launch_distributed(cfg: AttrDict, engine_name: str, checkpoint_path: Optiona
         if started_by_torchrun() or nproc == 1:
             _run_process(0, engine_name, cfg, run_id, checkpoint_path, hook_generator)
         else:
-            _spawn(nproc, engine_name, cfg, run_id, checkpoint_path, hook_generator)
+            _spawn(nproc, engine_name, cfg, run_id, checkpoint_path, hook_generator,
+                   on_started=lock.add_processes if holds_lock else None)
 
 
 def submit_to_slurm(cfg: AttrDict, engine_name: str) -> int:
@@ -286,6 +298,7 @@ def _main(argv: Sequence[str]) -> int:
             CheckpointError, ExtractionError, ValueError, RunLockError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    kills_before = cgroup_oom_kills()  # what says, if a process is killed, why
     try:
         if cfg.SLURM.USE_SLURM:
             return submit_to_slurm(cfg, engine_name)
@@ -298,6 +311,13 @@ def _main(argv: Sequence[str]) -> int:
         print(f"error: a process failed: {last}", file=sys.stderr)
         return 1
     except mp.ProcessExitedException as err:  # a rank died without raising (killed, OOM)
+        evidence = (oom_evidence(err.error_pid, kills_before)
+                    if err.signal_name == "SIGKILL" else None)
+        if evidence is not None:
+            print(f"error: process {err.error_index} (pid {err.error_pid}) ran out of memory: "
+                  f"{evidence}; the other processes were stopped. To fit, "
+                  f"{lower_memory_hint()}", file=sys.stderr)
+            return 1
         print(f"error: {err}; the other processes were stopped. Checkpoints already written "
               "are intact: run again with config.CHECKPOINT.AUTO_RESUME=true", file=sys.stderr)
         return 1

@@ -8,11 +8,9 @@ import datetime
 import logging
 import multiprocessing
 import os
-import select
 import signal
 import sys
 import threading
-import time
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Tuple
@@ -24,13 +22,13 @@ from ssl_engine.utils import rng
 from ssl_engine.utils.cpu_budget import configure_threads
 from ssl_engine.utils.distributed import elastic_attempt_store, export_nccl_settings
 from ssl_engine.utils.host_memory import reuse_freed_memory
+from ssl_engine.utils.process_watch import wait_for
 from ssl_engine.utils.run_lock import process_alive
 
 logger = logging.getLogger(__name__)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-LAUNCHER_POLL_S = 0.5  # how often the launcher is looked at where it cannot be waited on
 ORPHAN_NOTE_S = 0.5  # how long an orphan tries to say why it ends before it does
 
 
@@ -65,18 +63,7 @@ def _set_parent_death_signal(signum: int) -> None:
 
 
 def _watch_launcher(pid: int, start: Optional[int], local_rank: int) -> None:
-    try:
-        handle = os.pidfd_open(pid)
-    except ProcessLookupError:  # gone already
-        pass
-    except (AttributeError, OSError):  # no pidfd (another system, an old kernel): poll
-        while process_alive(pid, start):
-            time.sleep(LAUNCHER_POLL_S)
-    else:
-        if process_alive(pid, start):  # the pid is still the launcher's
-            waiter = select.poll()
-            waiter.register(handle, select.POLLIN)
-            waiter.poll()  # readable once the launcher has ended
+    wait_for(pid, alive=lambda: process_alive(pid, start))  # the launcher, not a later pid
     _end_orphan(pid, local_rank)
 
 
