@@ -38,3 +38,6 @@ def test_quickstart_learned_features_beat_raw_pixels_at_one_shot(tmp_path):
     probe = [r["online_probe"] for r in records if "online_probe" in r]
     assert [p["train_phase_idx"] for p in probe] == list(range(20))
     assert probe[-1]["top1"] >= 80, probe[-1]
+    # its lr decays with the run's (LR_SCHEDULE: cosine), so it ends near its best evaluation
+    # instead of wherever a constant lr leaves it
+    assert probe[-1]["top1"] >= max(p["top1"] for p in probe) - 2, probe

@@ -1,6 +1,7 @@
 """A linear classifier trained beside pretraining on the detached features of one trunk stage
 and evaluated on the labelled TEST split (HOOKS.ONLINE_LINEAR_PROBE)."""
 import logging
+import math
 from typing import Any, Dict, Optional
 
 import torch
@@ -19,6 +20,7 @@ from ssl_engine.utils.distributed import all_reduce_sum, gather_from_all, is_pri
 
 logger = logging.getLogger(__name__)
 KEY = "config.HOOKS.ONLINE_LINEAR_PROBE"
+LR_SCHEDULES = ("cosine", "constant")
 CACHE_BYTES = 256 * 2 ** 20  # a TEST split whose inputs fit is kept in memory between evaluations
 
 
@@ -29,6 +31,9 @@ def check_probe_config(cfg) -> None:
         raise ConfigError(f"{KEY}.LR must be > 0, got {probe.LR}")
     if not float(probe.WEIGHT_DECAY) >= 0:
         raise ConfigError(f"{KEY}.WEIGHT_DECAY must be >= 0, got {probe.WEIGHT_DECAY}")
+    if probe.get("LR_SCHEDULE", "cosine") not in LR_SCHEDULES:
+        raise ConfigError(f"{KEY}.LR_SCHEDULE must be one of {', '.join(LR_SCHEDULES)}, got "
+                          f"{probe.LR_SCHEDULE!r}")
     if not 0 <= float(probe.MOMENTUM) < 1:
         raise ConfigError(f"{KEY}.MOMENTUM must be in [0, 1), got {probe.MOMENTUM}")
     if int(probe.NUM_CLASSES) < 0:
@@ -74,7 +79,9 @@ def num_classes_of(datasets) -> int:
 class OnlineLinearProbeHook(SSLHook):
     """Trains ``probe`` (a batch norm without affine parameters, then a linear layer from
     zeros) on the trunk stage HOOKS.ONLINE_LINEAR_PROBE.LAYER (default: the trunk's output),
-    with SGD of its own (LR, WEIGHT_DECAY, MOMENTUM, constant).
+    with SGD of its own (LR, WEIGHT_DECAY, MOMENTUM), its lr decayed with a cosine from LR
+    to 0 over the run (``task.where``; LR_SCHEDULE=constant keeps LR: its last evaluations
+    then scatter as much as its first steps, see docs/evaluation.md).
 
     Its features are those of the training forward pass: a forward hook on the trunk keeps,
     detached, its output of the first input group of each batch (every view of the first
@@ -97,6 +104,7 @@ class OnlineLinearProbeHook(SSLHook):
         self.layer: Optional[str] = settings.LAYER or None  # None: the trunk's default output
         self.lr, self.weight_decay = float(settings.LR), float(settings.WEIGHT_DECAY)
         self.momentum = float(settings.MOMENTUM)
+        self.cosine = settings.get("LR_SCHEDULE", "cosine") == "cosine"
         self.num_classes = int(settings.NUM_CLASSES)
         self.eval_after_test_phase = bool(cfg.TEST_MODEL)
         self.probe: Optional[nn.Module] = None
@@ -227,6 +235,9 @@ class OnlineLinearProbeHook(SSLHook):
                 return
             logits = self.probe(features[labelled])
             loss = F.cross_entropy(logits, targets[labelled].long())
+            if self.cosine:  # from LR at the start of the run to 0 at its end
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * task.where))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
