@@ -29,9 +29,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ssl_engine.losses.distillation import (DINODistillationLoss, Inputs, TeacherLoss,
-                                            crop_pairs)
+from ssl_engine.losses.distillation import DINODistillationLoss, TeacherLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.teacher_student import Inputs, crop_pairs
 from ssl_engine.utils.classy import register_loss
 
 
