@@ -80,80 +80,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "extra_scripts"))
+from vissl_common import BASE_OVERRIDES, REPO, complete_catalog, compose_fast
+from vissl_config_pairing import config_names, retrieval_config
+from vissl_config_run import pick, print_table, run_sample  # (--run)
 
-from vissl_config_pairing import (_load, config_names,  # noqa: E402,F401
-                                  retrieval_config)
-from vissl_config_run import pick, print_table, run_sample  # noqa: E402  (--run)
-
-BASE_OVERRIDES = ("config.MACHINE.DEVICE=cpu",)
 ENV_SET = ("SSL_ENGINE_DATASET_CATALOG_PATH", "SSL_ENGINE_CONFIG_DIR")  # restored after a run
-OVERRIDES = list(BASE_OVERRIDES)  # and --override, set by main()
-
-
-def _merge(into: dict, update: dict) -> None:
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def compose_fast(root: Path, args, defaults):
-    """Hydra's merge of ``_global_`` files without defaults lists (dicts merged, lists and
-    values replaced), on plain containers."""
-    import copy
-
-    from omegaconf import OmegaConf
-
-    from ssl_engine.config import ConfigError
-
-    merged = copy.deepcopy(defaults)
-    for arg in args:
-        name = arg.split("=", 1)[1] if arg.startswith("config=") else \
-            arg[len("+config/"):].replace("=", "/")
-        try:
-            update = OmegaConf.to_container(OmegaConf.load(root / f"{name}.yaml"))
-        except Exception as err:  # unreadable yaml
-            raise ConfigError(f"compose failed: {type(err).__name__}") from None
-        if isinstance(update, dict):
-            update.pop("defaults", None)
-            _merge(merged, update)
-    for item in OVERRIDES:
-        key, value = item.split("=", 1)
-        *parents, last = key.split(".")
-        node = merged
-        for part in parents:
-            if node.get(part) is None:  # e.g. an empty "MACHINE:" in a file: Hydra's override
-                node[part] = {}         # (OmegaConf.update) makes the null a new mapping
-            node = node[part]
-            if not isinstance(node, dict):
-                raise ConfigError(f"Could not override '{key}': {part} is not a mapping "
-                                  "in the composed config")
-        node[last] = value
-    return merged
-
-
-def complete_catalog(root: Path, names, catalog) -> str:
-    """A temporary catalog: ``catalog``'s entries plus, for every DATASET_NAMES entry of the
-    tree's files that it lacks, placeholder folders (never opened)."""
-    import json
-
-    entries = json.loads(Path(catalog).read_text()) if catalog else {}
-    for name, _ in names:
-        cfg = (_load(root / f"{name}.yaml") or {}).get("config") or {}
-        for split in ("TRAIN", "TEST"):
-            data = ((cfg.get("DATA") or {}).get(split) or {}) if isinstance(cfg, dict) else {}
-            for dataset in data.get("DATASET_NAMES") or []:
-                entries.setdefault(str(dataset), {
-                    part: [f"/placeholder/{dataset}/{part}", "<unused>"]
-                    for part in ("train", "val")})
-    handle, path = tempfile.mkstemp(prefix="dataset_catalog_", suffix=".json")
-    with os.fdopen(handle, "w") as f:
-        json.dump(entries, f)
-    return path
 
 
 def check_names(engine_name: str, cfg) -> None:
@@ -220,7 +151,7 @@ def main(argv=None) -> int:
     parser.add_argument("--run-memory-gb", type=float, default=20,
                         help="address space of a --run process (0: no limit)")
     args = parser.parse_args(argv)
-    OVERRIDES[:] = [*BASE_OVERRIDES, *args.override]
+    overrides = [*BASE_OVERRIDES, *args.override]
     import logging
 
     saved_env = {var: os.environ.get(var) for var in ENV_SET}
@@ -228,7 +159,7 @@ def main(argv=None) -> int:
     # per-file warnings (nccl -> gloo, older keys moved) would drown the report
     logging.getLogger("ssl_engine").setLevel(logging.ERROR)
     try:
-        return measure(args)
+        return measure(args, overrides)
     finally:
         logging.getLogger("ssl_engine").setLevel(saved_level)
         for var, value in saved_env.items():
@@ -238,8 +169,8 @@ def main(argv=None) -> int:
                 os.environ[var] = value
 
 
-def measure(args) -> int:
-    """Compose and check every file of ``args.tree``; print the table."""
+def measure(args, overrides) -> int:
+    """Compose and check every file of ``args.tree`` with ``overrides``; print the table."""
     from ssl_engine.config import AttrDict, ConfigError, compose_config
     from ssl_engine.config.compose import load_defaults
     from ssl_engine.config.validate import validate_config
@@ -271,9 +202,9 @@ def measure(args) -> int:
         for name, hydra_args in names:
             try:
                 if args.hydra:
-                    engine_name, cfg = compose_config(hydra_args + OVERRIDES)
+                    engine_name, cfg = compose_config(hydra_args + overrides)
                 else:
-                    composed = compose_fast(root, hydra_args, schema)
+                    composed = compose_fast(root, hydra_args, schema, overrides)
                     validate_config(composed, schema)
                     engine_name = composed.get("engine_name", "train")
                     cfg = AttrDict(composed["config"])
@@ -295,7 +226,7 @@ def measure(args) -> int:
             picked = pick(accepted, args.run, args.seed)
             print(f"\n--run {args.run}: {len(picked)} of the {len(accepted)} accepted files "
                   f"(seed {args.seed}), 2 iterations each on synthetic data", flush=True)
-            results, seconds = run_sample(root, picked, OVERRIDES, args.run_batch,
+            results, seconds = run_sample(root, picked, overrides, args.run_batch,
                                           args.run_timeout, args.run_memory_gb)
             print_table(results, seconds)
     finally:

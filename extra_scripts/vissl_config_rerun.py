@@ -18,11 +18,9 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "extra_scripts"))
-
-from vissl_config_run import print_table, run_sample  # noqa: E402
+from vissl_common import BASE_OVERRIDES, complete_catalog
+from vissl_config_pairing import config_names
+from vissl_config_run import print_table, run_sample
 
 
 def results_in(log: str):
@@ -51,8 +49,6 @@ def merged_table(logs) -> None:
 
 def main(argv=None) -> int:
     """Run the named files again (or the failures of a previous log), as ``--run`` runs them."""
-    import vissl_config_coverage as coverage
-
     parser = argparse.ArgumentParser(description="run chosen VISSL files as --run does")
     parser.add_argument("tree", help="VISSL's configs/config folder")
     parser.add_argument("names", nargs="*", help="files, e.g. pretrain/swav/swav_8node_resnet")
@@ -70,7 +66,7 @@ def main(argv=None) -> int:
         return 0
     root = Path(args.tree).resolve()
     wanted = list(args.names) + (failed_in(args.failed_from) if args.failed_from else [])
-    names, _ = coverage.config_names(root)
+    names, _ = config_names(root)
     pairs = dict(names)
     unknown = [name for name in wanted if name not in pairs]
     if unknown:
@@ -78,14 +74,13 @@ def main(argv=None) -> int:
     catalog = root / "dataset_catalog.json"
     catalog = str(catalog) if catalog.is_file() else None
     if args.any_dataset:
-        catalog = coverage.complete_catalog(root, names, catalog)
+        catalog = complete_catalog(root, names, catalog)
     if catalog:
         os.environ["SSL_ENGINE_DATASET_CATALOG_PATH"] = catalog
     logging.getLogger("ssl_engine").setLevel(logging.ERROR)
-    coverage.OVERRIDES[:] = coverage.BASE_OVERRIDES
     try:
         results, seconds = run_sample(root, [(name, pairs[name]) for name in wanted],
-                                      coverage.OVERRIDES, args.run_batch, args.run_timeout,
+                                      BASE_OVERRIDES, args.run_batch, args.run_timeout,
                                       args.run_memory_gb)
     finally:
         if args.any_dataset:

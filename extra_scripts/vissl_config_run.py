@@ -54,10 +54,9 @@ import traceback
 from collections import defaultdict
 from pathlib import Path
 
+from vissl_common import REPO, compose_fast
 from vissl_run_data import (clustering_data, offline_permutations,  # noqa: F401
                             random_teacher, synthetic_data, tiny_retrieval_data)
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def over_a_base(hydra_args) -> bool:
@@ -136,7 +135,7 @@ def tool_of(name: str, hydra_args, cfg):
     one), the low-shot benchmark (a limited TRAIN split in a low_shot_transfer folder),
     ClusterFit's clustering (cluster_features_* files), instance retrieval (images named by
     IMG_RETRIEVAL.DATASET_PATH)."""
-    if cfg.IMG_RETRIEVAL.DATASET_PATH:  # coverage.retrieval_config
+    if cfg.IMG_RETRIEVAL.DATASET_PATH:  # vissl_config_pairing.retrieval_config
         return "instance_retrieval_test"
     parts = Path(name).parts
     if "nearest_neighbor" in parts:
@@ -169,14 +168,12 @@ def run_tool(tool: str, cfg) -> None:
 
 
 def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: float) -> dict:
-    """Compose, check and run one file in this process; its outcome as a dict."""
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "extra_scripts"))
+    """Compose, check and run one file in this process with ``overrides``; its outcome as a
+    dict."""
     import logging
 
     import torch
 
-    import vissl_config_coverage as coverage
     from ssl_engine.config import AttrDict
     from ssl_engine.config.compose import load_defaults
     from ssl_engine.config.derive import derive_settings
@@ -210,11 +207,10 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
                 raise FirstEpochDone()
 
     stopper = EndAfterFirstEpoch()
-    coverage.OVERRIDES[:] = overrides
     schema = load_defaults()
     schema.pop("defaults", None)
     with tempfile.TemporaryDirectory(prefix="vissl_run_") as folder:
-        composed = coverage.compose_fast(Path(tree), hydra_args, schema)
+        composed = compose_fast(Path(tree), hydra_args, schema, overrides)
         synthetic_data(composed["config"], batch, folder)
         stopper.stop_after = clustering_data(composed["config"], batch)
         offline_permutations(composed["config"], folder)

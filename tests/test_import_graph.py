@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Set
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "ssl_engine"
+SCRIPT_FOLDERS = ("extra_scripts", "tools", "benchmarks")  # run as python <folder>/<name>.py
 EVALUATION_MAY_IMPORT = ("ssl_engine.data", "ssl_engine.utils", "ssl_engine.evaluation")
 
 
@@ -217,3 +218,86 @@ def test_no_module_over_400_lines():
     long = sorted(f"{path.relative_to(PACKAGE_ROOT)}: {n}" for path in PACKAGE_ROOT.rglob("*.py")
                   if (n := len(path.read_text().splitlines())) > 400)
     assert not long, long
+
+
+def script_files() -> Dict[str, Path]:
+    """{``folder.name``: file} of every script of extra_scripts, tools and benchmarks."""
+    return {f"{folder}.{path.stem}": path for folder in SCRIPT_FOLDERS
+            for path in sorted((PACKAGE_ROOT.parent / folder).glob("*.py"))}
+
+
+def script_imports(name: str, path: Path, modules, scripts) -> Set[str]:
+    """The ssl_engine modules a script imports, and the scripts of its own folder it imports
+    by name (``python folder/x.py`` puts the folder first on the import path), anywhere in its
+    source."""
+    folder = name.partition(".")[0]
+    found = imported_modules(name, path, modules)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            tops = [alias.name.partition(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            tops = [node.module.partition(".")[0]]
+        else:
+            continue
+        found |= {f"{folder}.{top}" for top in tops if f"{folder}.{top}" in scripts}
+    found.discard(name)
+    return found
+
+
+def whole_graph() -> Dict[str, Set[str]]:
+    """ssl_engine's import graph and the scripts' imports of it and of each other."""
+    modules, scripts = module_files(), script_files()
+    graph = import_graph()
+    graph.update({name: script_imports(name, path, modules, scripts)
+                  for name, path in scripts.items()})
+    return graph
+
+
+def is_sys_path(node) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "path"
+            and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+
+def import_path_additions(path: Path) -> List[int]:
+    """The lines of ``path`` that add to the import path: ``sys.path.insert/append/extend``,
+    ``sys.path +=``, ``site.addsitedir`` (a process taking over its launcher's path whole,
+    ``sys.path[:] = ...``, adds nothing)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        call = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(call, ast.Attribute) and call.attr in ("insert", "append", "extend")
+                and is_sys_path(call.value)) or \
+                (isinstance(call, ast.Attribute) and call.attr == "addsitedir") or \
+                (isinstance(node, ast.AugAssign) and is_sys_path(node.target)):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_script_reader_sees_sibling_imports_and_path_additions(tmp_path):
+    source = tmp_path / "x.py"
+    source.write_text("import sys\nimport os.path\nfrom sib import f\n"
+                      "def g():\n    import ssl_engine.c\n    sys.path.insert(0, 'a')\n"
+                      "sys.path += ['b']\nsys.path[:] = list(sys.path)\n")
+    scripts = {"tools.x", "tools.sib", "tools.os"}
+    assert script_imports("tools.x", source, {"ssl_engine.c"}, scripts) == {
+        "tools.sib", "tools.os", "ssl_engine.c"}
+    assert import_path_additions(source) == [6, 7]
+
+
+def test_no_import_cycles_with_the_scripts():
+    """extra_scripts, tools and benchmarks import ssl_engine and the scripts beside them
+    without a circle: what two scripts share lives in a third that imports neither."""
+    graph = whole_graph()
+    assert "extra_scripts.vissl_config_coverage" in graph and "tools.report" in graph
+    assert "extra_scripts.vissl_common" in graph["extra_scripts.vissl_config_run"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_no_module_or_script_adds_to_the_import_path():
+    """Scripts run with the package installed (``pip install -e .``) and find the scripts of
+    their own folder as Python finds them; nothing adds to ``sys.path``."""
+    files = [*sorted(PACKAGE_ROOT.rglob("*.py")), *script_files().values()]
+    found = [f"{path.relative_to(PACKAGE_ROOT.parent)}:{line}" for path in files
+             for line in import_path_additions(path)]
+    assert not found, found
