@@ -89,7 +89,7 @@ def child_throughput(num_samples: int, folder: str, repeats: int) -> None:
     from ssl_engine.config import AttrDict
     from ssl_engine.data import build_dataloader, build_dataset
     from ssl_engine.models import build_model
-    from ssl_engine.extraction.features import extract_split
+    from ssl_engine.extraction.write_splits import extract_split
     from ssl_engine.utils.logger import setup_logging
 
     setup_logging(None, 1)  # quiet

@@ -8,7 +8,7 @@ import torch
 from engine_utils import run_engine
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
-from ssl_engine.extraction import features as fx
+from ssl_engine.extraction import write_splits as fx
 from ssl_engine.extraction import rank_files
 from ssl_engine.extraction.errors import ExtractionError, NonFiniteFeatures
 from ssl_engine.extraction.files import extracted_paths, load_extracted

@@ -4,7 +4,7 @@ from typing import Callable, List, Optional
 from ssl_engine.data import check_data_paths
 from ssl_engine.engines.registry import register_engine
 from ssl_engine.extraction.extractor import FeatureExtractor
-from ssl_engine.extraction.features import check_splits, ensure_writable
+from ssl_engine.extraction.write_splits import check_splits, ensure_writable
 from ssl_engine.extraction.files import extraction_dir
 from ssl_engine.extraction.one_view import check_extraction_splits
 from ssl_engine.trainer.default_hooks import default_hook_generator

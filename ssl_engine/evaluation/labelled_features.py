@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from ssl_engine.data import build_dataloader, build_dataset
 from ssl_engine.data.paths import SPLITS
-from ssl_engine.evaluation.features import FeaturesFn, feature_batches
+from ssl_engine.evaluation.feature_batches import FeaturesFn, feature_batches
 from ssl_engine.utils import rng
 from ssl_engine.utils.cpu_budget import loader_workers
 from ssl_engine.utils.distributed import gather_from_all, is_primary

@@ -1,7 +1,7 @@
 """Cluster assignments of a SwAV model (VISSL's ``engine_name=extract_cluster``): every image
 of every split of EXTRACT_FEATURES.SPLITS is assigned to the prototype its embedding scores
 highest, for each set of prototypes of the model's swav_head; streamed to disk as the features
-are (``features.py``: any number of processes, rows in dataset order). Called by
+are (``write_splits.py``: any number of processes, rows in dataset order). Called by
 ``extractor.FeatureExtractor.extract_cluster_assignments``; its config check by the
 ``extract_cluster`` engine before launch.
 
@@ -18,7 +18,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from ssl_engine.extraction.features import extract_features
+from ssl_engine.extraction.write_splits import extract_features
 from ssl_engine.utils.distributed import get_rank
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The errors of an extraction, each one message for the user: raised by the extraction
-(``features.py``, ``rank_files.py``) and reported without a traceback by the launcher and the
+(``write_splits.py``, ``rank_files.py``) and reported without a traceback by the launcher and the
 evaluation tools (``ssl_engine.engines``)."""
 import errno
 from pathlib import Path

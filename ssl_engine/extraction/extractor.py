@@ -13,7 +13,7 @@ from ssl_engine.data import build_dataset
 from ssl_engine.extraction import label_predictions as lp
 from ssl_engine.extraction.cluster_assignments import (extract_cluster_assignments,
                                                        prototype_sets)
-from ssl_engine.extraction.features import check_splits, ensure_writable, extract_features
+from ssl_engine.extraction.write_splits import check_splits, ensure_writable, extract_features
 from ssl_engine.extraction.files import extraction_dir
 from ssl_engine.extraction.one_view import check_extraction_splits, extraction_config
 from ssl_engine.models import build_model

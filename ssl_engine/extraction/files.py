@@ -1,5 +1,5 @@
 """Extracted feature files: where they are, whether they are complete and current, and loading
-them. Written by the extraction (``features.py``); read by the evaluation tools
+them. Written by the extraction (``write_splits.py``); read by the evaluation tools
 (``ssl_engine.engines.evaluate_extracted``, ``tools/train_svm.py``), which run the
 ``extract_features`` engine first when files are missing or stale.
 

@@ -1,5 +1,5 @@
 """Label predictions of a classification model, streamed to disk as the features are
-(``features.py``: every rank writes its rows, rank 0 places them by dataset index; any number of
+(``write_splits.py``: every rank writes its rows, rank 0 places them by dataset index; any number of
 processes). Called by ``extractor.FeatureExtractor.extract_label_predictions``; its config check
 by the ``extract_label_predictions`` engine before launch.
 
@@ -23,7 +23,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from ssl_engine.extraction.features import extract_features
+from ssl_engine.extraction.write_splits import extract_features
 from ssl_engine.utils.distributed import get_rank
 
 logger = logging.getLogger(__name__)

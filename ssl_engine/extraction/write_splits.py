@@ -27,7 +27,7 @@ from ssl_engine.config import AttrDict
 from ssl_engine.data import build_dataloader
 from ssl_engine.data.loader import stop_workers, stopped_on_worker_death
 from ssl_engine.data.paths import SPLITS
-from ssl_engine.evaluation.features import feature_batches
+from ssl_engine.evaluation.feature_batches import feature_batches
 from ssl_engine.extraction.errors import (WRITE_ERRNOS, ExtractionError, NonFiniteFeatures,
                                           non_finite_failure, write_failure)
 from ssl_engine.extraction.files import extracted_paths, signature_path, stale_files, write_index

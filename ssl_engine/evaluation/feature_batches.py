@@ -1,6 +1,6 @@
 """Forward a model over a data loader and yield the requested features batch by batch: shared
 by the in-training evaluation (``labelled_features.py``, for the hooks) and the extraction of
-splits to files (``ssl_engine.extraction.features``), which this package may not import."""
+splits to files (``ssl_engine.extraction.write_splits``), which this package may not import."""
 from typing import Callable, Dict, Iterator, Tuple
 
 import torch
