@@ -16,10 +16,11 @@ from ssl_engine.engines.plugins import import_plugins
 from ssl_engine.extraction.errors import ExtractionError
 from ssl_engine.extraction.files import (ExtractedFeatures, extraction_dir, has_extracted,
                                          load_extracted)
-from ssl_engine.hooks.log_hooks import append_metrics
+from ssl_engine.hooks.metrics_writers import JsonWriter
 from ssl_engine.models import build_model
 from ssl_engine.checkpoint import CheckpointError
 from ssl_engine.utils.logger import setup_logging
+from ssl_engine.utils.metrics_store import MetricsStore
 from ssl_engine.utils.registry import UnknownNameError
 from ssl_engine.utils.run_lock import RunLockError
 
@@ -80,7 +81,7 @@ def run_tool(argv: Sequence[str], run: Callable[[object], Tuple[Path, Dict[str, 
              load: Callable = load_config) -> int:
     """Compose the config of ``argv`` (``config=<group>/<name> [config.A.B=v ...]``) with
     ``load`` (default: ``load_config``), call ``run(cfg)``, which returns ``(folder, record)``,
-    and append ``record`` to ``folder/metrics.json``. A configuration, data or checkpoint error
+    and write ``record`` through a metrics store to ``folder/metrics.json``. A configuration, data or checkpoint error
     is printed as one line and gives exit status 2; success gives 0."""
     setup_logging(None)
     try:
@@ -92,5 +93,8 @@ def run_tool(argv: Sequence[str], run: Callable[[object], Tuple[Path, Dict[str, 
         print(f"error: {err}", file=sys.stderr)
         return 2
     Path(folder).mkdir(parents=True, exist_ok=True)
-    append_metrics(str(folder), record)
+    store = MetricsStore()  # values of this process alone: not reduced
+    store.add_writer(JsonWriter(str(folder)))
+    store.write(record, 0, kind="evaluation")
+    store.close()
     return 0

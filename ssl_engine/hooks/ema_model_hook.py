@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 import torch
 
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.log_hooks import append_metrics
+from ssl_engine.hooks.metrics_writers import write_row
 from ssl_engine.meters import build_meters
 from ssl_engine.utils.device import float32_outputs, to_device
 from ssl_engine.utils.distributed import is_primary
@@ -77,7 +77,7 @@ class EmaModelHook(SSLHook):
         if is_primary():
             logger.info("end of test phase %d with the EMA weights: meters %s",
                         task.phase_idx, values)
-            append_metrics(self.output_dir, {
+            write_row(task, {  # synced meters: the same on every rank, not reduced
                 "ema_phase_end": "test", "phase_idx": task.phase_idx,
                 "train_phase_idx": task.train_phase_idx, "iteration": task.iteration,
-                "meters_ema": values})
+                "meters_ema": values}, self.output_dir)

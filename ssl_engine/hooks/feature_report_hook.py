@@ -11,7 +11,6 @@ from ssl_engine.evaluation.low_shot import low_shot_eval
 from ssl_engine.evaluation.report import feature_report_table
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.knn_hook import check_labelled_splits, knn_device, knn_settings
-from ssl_engine.hooks.log_hooks import append_metrics
 from ssl_engine.models import build_model
 
 logger = logging.getLogger(__name__)
@@ -29,7 +28,8 @@ class FeatureReportHook(SSLHook):
     """On ``on_end``: for the trunk stage HOOKS.FEATURE_REPORT.LAYER of the trained model, of a
     randomly initialised one, and for the raw (TEST-transformed) pixels, the weighted k-NN
     top-1 (NEAREST_NEIGHBOR) and the low-shot accuracy (LOW_SHOT) on the labelled TRAIN/TEST
-    splits. Rank 0 logs a table and appends ``{"feature_report": ...}`` to metrics.json."""
+    splits. Rank 0 logs a table and writes ``{"feature_report": ...}`` to the task's metrics
+    store (not reduced: rank 0's)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -57,8 +57,8 @@ class FeatureReportHook(SSLHook):
         logger.info("feature report, layer %s (kNN k=%d; low-shot %d-NN, mean ± std over %d "
                     "seeds):\n%s", layer, cfg.NEAREST_NEIGHBOR.TOPK, cfg.LOW_SHOT.K,
                     len(cfg.LOW_SHOT.SEEDS), feature_report_table(report, shots))
-        append_metrics(task.checkpoint_folder, {"feature_report": {
-            "layer": layer, "train_phase_idx": task.train_phase_idx, **report}})
+        task.metrics.write({"feature_report": {
+            "layer": layer, "train_phase_idx": task.train_phase_idx, **report}}, task.iteration)
 
     def _evaluate(self, data, name: str, device: torch.device) -> dict:
         cfg = self.cfg

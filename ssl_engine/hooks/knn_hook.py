@@ -6,7 +6,6 @@ import torch
 from ssl_engine.evaluation.knn import knn_classify
 from ssl_engine.evaluation.labelled_features import EvalSplits, evaluation_mode
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.log_hooks import append_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,9 @@ def knn_settings(cfg) -> dict:
 class KnnEvalHook(SSLHook):
     """At the end of every test phase: features of the labelled TRAIN and TEST splits (both
     read with the TEST transforms) at trunk stage HOOKS.KNN_EVAL.LAYER, then the weighted k-NN
-    of NEAREST_NEIGHBOR on rank 0, logged and appended to metrics.json as ``{"knn": ...}``.
+    of NEAREST_NEIGHBOR on rank 0, logged and written to the task's metrics store as
+    ``{"knn": ...}`` (computed on rank 0 alone: not reduced) for metrics.json, TensorBoard and
+    the trackers.
 
     Every rank computes the features of its share and rank 0 gathers them. The model's modes
     and every random generator are restored afterwards, so training is not changed.
@@ -72,6 +73,6 @@ class KnnEvalHook(SSLHook):
         logger.info("kNN top-1 %.2f / top-5 %.2f (layer %s, k=%d, train phase %d)",
                     result["top1"], result["top5"], self.layer, self.cfg.NEAREST_NEIGHBOR.TOPK,
                     task.train_phase_idx)
-        append_metrics(task.checkpoint_folder, {"knn": {
+        task.metrics.write({"knn": {
             "layer": self.layer, "top1": result["top1"], "top5": result["top5"],
-            "train_phase_idx": task.train_phase_idx}})
+            "train_phase_idx": task.train_phase_idx}}, task.iteration)

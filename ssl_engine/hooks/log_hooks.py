@@ -1,8 +1,8 @@
-"""Progress logging: every LOG_FREQUENCY iterations and at every phase end, to the log and to
-``metrics.json`` (one JSON object per line) in CHECKPOINT.DIR. The loss, its terms, the
-collapse statistics and any other series come averaged from the task's metrics store
-(``task.metrics``, ssl_engine/utils/metrics_store.py)."""
-import datetime
+"""Progress logging: every LOG_FREQUENCY iterations and at every phase end, a row of the
+task's metrics store (``task.metrics``, ssl_engine/utils/metrics_store.py) that its writers get:
+the log line, ``metrics.json`` (one JSON object per line) in CHECKPOINT.DIR, TensorBoard and the
+trackers. The loss, its terms, the collapse statistics and any other series are the means of
+the store's window (every entry put since the last row, over ranks) and of the phase."""
 import json
 import logging
 import os
@@ -13,8 +13,8 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from ssl_engine.checkpoint.io import folder_gone_error
 from ssl_engine.hooks.base import SSLHook
+from ssl_engine.hooks.metrics_writers import JsonWriter, LogLineWriter
 from ssl_engine.utils.distributed import get_world_size, is_primary
 
 logger = logging.getLogger(__name__)
@@ -39,24 +39,6 @@ OWN_SERIES = ("loss", "loss_terms", "monitor")
 def other_series(values: Dict[str, Any]) -> Dict[str, Any]:
     """The reduced series of ``values`` (``MetricsStore.reduce``) not in OWN_SERIES."""
     return {name: value for name, value in values.items() if name not in OWN_SERIES}
-
-
-def flat_text(values: Dict[str, Any], prefix: str = "") -> str:
-    """" name value" for every scalar of ``values``, groups as name/key."""
-    return "".join(flat_text(value, f"{prefix}{name}/") if isinstance(value, dict)
-                   else f" {prefix}{name} {value:.4g}" for name, value in values.items())
-
-
-def append_metrics(folder: str, record: Dict[str, Any]) -> None:
-    """Append ``record`` to ``folder/metrics.json``; CheckpointWriteError (one message) when the
-    folder has vanished during the run."""
-    try:
-        with open(Path(folder) / "metrics.json", "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-    except FileNotFoundError:
-        if Path(folder).is_dir():
-            raise
-        raise folder_gone_error(Path(folder), "metrics.json") from None
 
 
 def _written_after(line: str, phase_idx: int, iteration_in_phase: int) -> bool:
@@ -125,6 +107,8 @@ class LogLossLrEtaHook(SSLHook):
         if is_primary():
             Path(self.output_dir).mkdir(parents=True, exist_ok=True)
             drop_metrics_after(self.output_dir, *task.resume_position)
+            task.metrics.add_writer(LogLineWriter())
+            task.metrics.add_writer(JsonWriter(self.output_dir))
             logger.info("run: %d phases, %d train iterations per epoch, world size %d",
                         len(task.phases), task.num_train_iters_per_epoch, get_world_size())
 
@@ -149,7 +133,7 @@ class LogLossLrEtaHook(SSLHook):
         last_of_phase = task.iteration_num_in_phase == task.num_iters_in_phase
         if count % self.log_frequency and not last_of_phase:
             return
-        values = task.metrics.reduce(last=self._window_steps)  # collective: every rank
+        values = task.metrics.reduce_window()  # collective: every rank
         loss, terms = values.get("loss", float("nan")), values.get("loss_terms", {})
         monitor = values.get("monitor", {}) if task.train else {}
         others = other_series(values)
@@ -175,26 +159,11 @@ class LogLossLrEtaHook(SSLHook):
         self._window_start, self._window_steps, self._window_data_time = time.perf_counter(), 0, 0.0
         if not is_primary():
             return
-        eta = record["eta_seconds"]
-        eta_text = str(datetime.timedelta(seconds=int(eta))) if eta is not None and eta == eta else "-"
-        lr_text = f"{record['lr']:.5g}" if record["lr"] is not None else "-"
-        terms_text = "".join(f" ({name} {value:.4f})" for name, value in terms.items())
-        views_text = f" ({record['views_per_sec']:.1f} views/s)" if views != images else ""
-        monitor_text = "".join(f" {name} {value:.3f}" for name, value in monitor.items())
-        logger.info(
-            "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s |%s%s lr %s | %.1f img/s%s | "
-            "data %.3fs | eta %s | peak mem %.0f MiB",
-            record["phase"], task.phase_idx, task.iteration, task.iteration_num_in_phase,
-            task.num_iters_in_phase, loss, terms_text,
-            f" collapse monitor:{monitor_text} |" if monitor else "",
-            f"{flat_text(others)} |" if others else "", lr_text,
-            record["images_per_sec"], views_text, record["data_time"], eta_text,
-            record["peak_mem_mb"],
-        )
-        append_metrics(self.output_dir, record)
+        task.metrics.write(record, task.iteration, kind="step", reduced=True,
+                           num_iters_in_phase=task.num_iters_in_phase)
 
     def on_phase_end(self, task) -> None:
-        values = task.metrics.reduce()  # the whole phase; collective: every rank
+        values = task.metrics.reduce_phase()  # from the windows: every rank
         others = other_series(values)
         record = {
             "phase_end": task.phase_type,
@@ -209,10 +178,7 @@ class LogLossLrEtaHook(SSLHook):
             "phase_time_seconds": time.perf_counter() - self._phase_start,
         }
         if is_primary():
-            logger.info("end of %s phase %d: loss %.4f, meters %s, %.1fs", task.phase_type,
-                        task.phase_idx, record["loss_avg"], record["meters"],
-                        record["phase_time_seconds"])
-            append_metrics(self.output_dir, record)
+            task.metrics.write(record, task.iteration, kind="phase_end", reduced=True)
 
     def on_end(self, task) -> None:
         if is_primary():

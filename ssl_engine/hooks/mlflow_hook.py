@@ -1,4 +1,4 @@
-"""The run in MLflow (HOOKS.MLFLOW): metrics.json's scalars as they are written, the config as
+"""The run in MLflow (HOOKS.MLFLOW): the metrics store's scalars as they are written, the config as
 params and config.yaml, the report files and metrics.json at the end. Rank 0 only; the
 ``mlflow`` package is an optional extra (``pip install -e ".[mlflow]"``)."""
 import logging
@@ -8,10 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.trackers import (MetricsRows, flat_config, read_run_id, report_files,
-                                       resumes, run_name, write_run_id)
-from ssl_engine.utils.distributed import is_primary
+from ssl_engine.hooks.trackers import TrackerHook, flat_config, run_name, write_run_id
 
 logger = logging.getLogger(__name__)
 
@@ -26,47 +23,42 @@ def default_store(folder: str) -> tuple:
     return f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts")
 
 
-class MlflowHook(SSLHook):
+class MlflowHook(TrackerHook):
     """Logs the run to MLflow; a run resumed from a checkpoint continues the MLflow run whose
     id is in CHECKPOINT.DIR/mlflow_run_id.txt. Built by trainer/default_hooks.py when
     HOOKS.MLFLOW.ENABLED."""
 
+    name = "mlflow"
+
     def __init__(self, cfg):
-        super().__init__()
+        super().__init__(cfg)
         settings = cfg.HOOKS.MLFLOW
-        self.folder = cfg.CHECKPOINT.DIR
         if settings.TRACKING_URI:
             self.tracking_uri, self.artifact_location = settings.TRACKING_URI, None
         else:  # the local store of the directory the run is launched from
             self.tracking_uri, self.artifact_location = default_store(os.getcwd())
         self.experiment_name = settings.EXPERIMENT_NAME
         self.run_name = run_name(settings.RUN_NAME, self.folder)
-        self.config = cfg.to_dict()
-        self.rows = MetricsRows(self.folder)
-        self.client = None
         self.run_id = None
 
-    def on_start(self, task) -> None:
-        if not is_primary():
-            return
+    @property
+    def client(self):
+        return self.handle
+
+    def _open(self, task, run_id) -> None:
         from mlflow.tracking import MlflowClient  # inside: an optional package
 
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        self.run_id = self._resumed_run() if resumes(task) else None
-        if self.run_id is None:  # a new run logs metrics.json from its first row
+        self.handle = MlflowClient(tracking_uri=self.tracking_uri)
+        self.run_id = self._resumed_run(run_id) if run_id else None
+        if self.run_id is None:
             self.run_id = self._new_run()
-        else:  # the rows before where the run continues were logged by the run that wrote them
-            self.rows.skip_existing()
         write_run_id(self.folder, "mlflow", self.run_id)
         logger.info("MLflow: run %s (%s) in experiment %s at %s", self.run_name, self.run_id,
                     self.experiment_name, self.tracking_uri)
 
-    def _resumed_run(self):
+    def _resumed_run(self, run_id: str):
         from mlflow.exceptions import MlflowException  # inside: an optional package
 
-        run_id = read_run_id(self.folder, "mlflow")
-        if run_id is None:
-            return None
         try:
             self.client.get_run(run_id)
         except MlflowException:
@@ -92,36 +84,17 @@ class MlflowHook(SSLHook):
                              "config.yaml")
         return run_id
 
-    def _log_new_rows(self) -> None:
+    def _log(self, step: int, scalars) -> None:
         from mlflow.entities import Metric  # inside: an optional package
 
         now = int(time.time() * 1000)
-        metrics = [Metric(name, value, now, step) for step, scalars in self.rows.new_scalars()
-                   for name, value in scalars.items()]
+        metrics = [Metric(name, value, now, step) for name, value in scalars.items()]
         for start in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
 
-    def on_step(self, task) -> None:
-        if self.client is not None:
-            self._log_new_rows()
+    def _save(self, path: Path) -> None:
+        self.client.log_artifact(self.run_id, str(path))
 
-    on_phase_end = on_step
-
-    def on_end(self, task) -> None:
-        if self.client is None:
-            return
-        self._log_new_rows()
-        for path in report_files(self.folder):
-            self.client.log_artifact(self.run_id, str(path))
-        self.client.set_terminated(self.run_id, "FINISHED")
-        self.client = None
-
-    def on_exception(self, task) -> None:
-        if self.client is None:
-            return
-        try:  # what was written before the failure, then the run's end
-            self._log_new_rows()
-            self.client.set_terminated(self.run_id, "KILLED" if task.stopping else "FAILED")
-        except Exception as error:  # the run's own exception is the one to report
-            logger.warning("MLflow: could not close run %s: %s", self.run_id, error)
-        self.client = None
+    def _finish(self, failed: bool, stopping: bool) -> None:
+        status = ("KILLED" if stopping else "FAILED") if failed else "FINISHED"
+        self.client.set_terminated(self.run_id, status)

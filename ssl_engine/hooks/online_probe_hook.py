@@ -12,8 +12,6 @@ from ssl_engine.config import ConfigError
 from ssl_engine.data import build_dataloader
 from ssl_engine.evaluation.labelled_features import EvalSplits, evaluation_mode
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.log_hooks import append_metrics
-from ssl_engine.hooks.tensorboard_hook import TensorboardHook
 from ssl_engine.models.base_ssl_model import check_model_config
 from ssl_engine.utils.cpu_budget import loader_workers
 from ssl_engine.utils.distributed import all_reduce_sum, gather_from_all, is_primary
@@ -91,9 +89,10 @@ class OnlineLinearProbeHook(SSLHook):
     touches the trunk's graph, the model's parameters or the random generators.
 
     Evaluated on the labelled TEST split (read as the k-NN hook reads it) at the end of every
-    test phase, or of every train phase when TEST_MODEL is false: rank 0 logs top-1 / top-5,
-    appends ``{"online_probe": ...}`` to metrics.json and plots ``OnlineProbe/test_top1``
-    in TensorBoard. The training batches' top-1 is the store's ``online_probe_train_top1``.
+    test phase, or of every train phase when TEST_MODEL is false: rank 0 logs top-1 / top-5
+    and writes ``{"online_probe": ...}`` to the task's metrics store (the same on every rank:
+    not reduced), for metrics.json, TensorBoard (``online_probe/top1``) and the trackers. The
+    training batches' top-1 is the store's ``online_probe_train_top1``.
     Its weights and optimizer are checkpointed (``get_classy_state``)."""
 
     def __init__(self, cfg):
@@ -179,14 +178,9 @@ class OnlineLinearProbeHook(SSLHook):
             return
         logger.info("online linear probe top-1 %.2f / top-5 %.2f (layer %s, train phase %d)",
                     top1, top5, self.layer, task.train_phase_idx)
-        append_metrics(task.checkpoint_folder, {"online_probe": {
+        task.metrics.write({"online_probe": {
             "layer": self.layer, "top1": top1, "top5": top5,
-            "train_phase_idx": task.train_phase_idx}})
-        for hook in task.hooks:
-            if isinstance(hook, TensorboardHook) and hook.writer is not None:
-                hook.writer.add_scalar("OnlineProbe/test_top1", top1, task.train_phase_idx)
-                hook.writer.add_scalar("OnlineProbe/test_top5", top5, task.train_phase_idx)
-                hook.writer.flush()
+            "train_phase_idx": task.train_phase_idx}}, task.iteration)
 
     def on_end(self, task) -> None:
         for handle in self._handles:

@@ -8,7 +8,7 @@ from typing import Dict, List
 import torch
 
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.log_hooks import append_metrics
+from ssl_engine.hooks.metrics_writers import write_row
 from ssl_engine.utils.distributed import is_primary
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ def model_complexity(model: torch.nn.Module, input_shape: List[int]) -> Dict[str
 
 
 class ModelComplexityHook(SSLHook):
-    """At the start: logs the model's flops and parameters and writes them to metrics.json."""
+    """At the start: logs the model's flops and parameters and writes them to the task's
+    metrics store (metrics.json, the trackers)."""
 
     def __init__(self, input_shape: List[int], output_dir: str):
         if len(input_shape) != 3:
@@ -50,8 +51,8 @@ class ModelComplexityHook(SSLHook):
             logger.info("model complexity for input %s: %.4g GFLOPs, %d parameters (%d "
                         "trainable)", self.input_shape, self.complexity["flops"] / 1e9,
                         self.complexity["params"], self.complexity["trainable_params"])
-            append_metrics(self.output_dir, {"model_complexity": self.complexity,
-                                             "input_shape": self.input_shape})
+            write_row(task, {"model_complexity": self.complexity,
+                             "input_shape": self.input_shape}, self.output_dir)
 
 
 # The parts of a step, in order. The step's events end them: data and forward at on_forward
@@ -96,6 +97,7 @@ def _synchronize(task) -> None:
 class PerfStatsHook(SSLHook):
     """Where the time of a step goes (STEP_PARTS), measured with two clock reads per event.
 
+    Its rows go to the task's metrics store as rank 0's (not reduced).
     At the end of the run: one log line and one metrics.json record (``step_time_ms``,
     ``scope`` "run") with the mean milliseconds of each part over the run's training steps
     (``scope`` "phase": a phase's).  At each phase end the
@@ -177,16 +179,14 @@ class PerfStatsHook(SSLHook):
             means = self.phase.mean_ms()
             logger.debug("step time of %s phase %d (%d iterations, mean per iteration): %s",
                          task.phase_type, task.phase_idx, self.phase.steps, format_ms(means))
-            append_metrics(self.output_dir, {"step_time_ms": means, "scope": "phase",
-                                             "phase_type": task.phase_type,
-                                             "phase_idx": task.phase_idx,
-                                             "iterations": self.phase.steps})
+            write_row(task, {"step_time_ms": means, "scope": "phase",
+                             "phase_type": task.phase_type, "phase_idx": task.phase_idx,
+                             "iterations": self.phase.steps}, self.output_dir)
 
     def on_end(self, task) -> None:
         if self.run.steps and is_primary():
             means = self.run.mean_ms()
             logger.info("step time (mean of this run's %d training iterations): %s",
                         self.run.steps, format_ms(means))
-            append_metrics(self.output_dir, {"step_time_ms": means, "scope": "run",
-                                             "phase_type": "train",
-                                             "iterations": self.run.steps})
+            write_row(task, {"step_time_ms": means, "scope": "run", "phase_type": "train",
+                             "iterations": self.run.steps}, self.output_dir)

@@ -1,10 +1,13 @@
-"""TensorBoard curves (loss, lr, meters, any other series of the metrics store) with
-tensorboard's own SummaryWriter."""
+"""TensorBoard curves with tensorboard's own SummaryWriter: a writer of the task's metrics store
+(``MetricsWriter``), given every record with its iteration: the train steps' loss, terms, lr
+and other series, each phase's means and meters, and any other record's scalars under the
+trackers' names (``knn/top1``, ``online_probe/top1``, ...) at its iteration."""
 from pathlib import Path
 
 from ssl_engine.hooks.base import SSLHook
-from ssl_engine.hooks.log_hooks import other_series
+from ssl_engine.hooks.trackers import tracker_scalars
 from ssl_engine.utils.distributed import is_primary
+from ssl_engine.utils.metrics_store import MetricsWriter, Record
 
 
 def _flatten(prefix: str, value, out: dict) -> dict:
@@ -16,7 +19,7 @@ def _flatten(prefix: str, value, out: dict) -> dict:
     return out
 
 
-class TensorboardHook(SSLHook):
+class TensorboardHook(SSLHook, MetricsWriter):
     def __init__(self, log_dir: str, log_frequency: int, flush_every_n_min: int = 1,
                  log_params: bool = False):
         super().__init__()
@@ -31,45 +34,58 @@ class TensorboardHook(SSLHook):
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=self.flush_secs)
+            task.metrics.add_writer(self)
 
-    def on_step(self, task) -> None:
-        if not task.train or task.iteration % self.log_frequency:
-            return
-        values = task.metrics.reduce(last=self.log_frequency)  # collective: every rank
+    def write(self, record: Record) -> None:
         if self.writer is None:
             return
-        self.writer.add_scalar("Losses/train_loss", values.get("loss", float("nan")),
-                               task.iteration)
-        for name, value in values.get("loss_terms", {}).items():
-            self.writer.add_scalar(f"Losses/train_{name}", value, task.iteration)
-        for tag, value in _flatten("Metrics/train", other_series(values), {}).items():
-            self.writer.add_scalar(tag, value, task.iteration)
-        if task.optimizer is not None:
-            self.writer.add_scalar("Optimizer/lr", task.optimizer.get_lr(), task.iteration)
+        row = record.row
+        if record.kind == "step":
+            if row["phase"] == "train":
+                self._step(row, record.iteration)
+        elif record.kind == "phase_end":
+            self._phase_end(row)
+        else:
+            for tag, value in tracker_scalars(row).items():
+                self.writer.add_scalar(tag, value, record.iteration)
+            self.writer.flush()
+
+    def _step(self, row: dict, iteration: int) -> None:
+        self.writer.add_scalar("Losses/train_loss", row["loss"], iteration)
+        for name, value in row.get("loss_terms", {}).items():
+            self.writer.add_scalar(f"Losses/train_{name}", value, iteration)
+        for tag, value in _flatten("Metrics/train", row.get("metrics", {}), {}).items():
+            self.writer.add_scalar(tag, value, iteration)
+        if row["lr"] is not None:
+            self.writer.add_scalar("Optimizer/lr", row["lr"], iteration)
+
+    def _phase_end(self, row: dict) -> None:
+        phase, step = row["phase_end"], row["train_phase_idx"]
+        self.writer.add_scalar(f"Losses/{phase}_loss_avg", row["loss_avg"], step)
+        for name, value in row["loss_terms_avg"].items():
+            self.writer.add_scalar(f"Losses/{phase}_{name}_avg", value, step)
+        for tag, value in _flatten(f"Metrics/{phase}_avg", row.get("metrics_avg", {}),
+                                   {}).items():
+            self.writer.add_scalar(tag, value, step)
+        for tag, value in _flatten(f"Meters/{phase}", row["meters"], {}).items():
+            self.writer.add_scalar(tag, value, step)
 
     def on_phase_end(self, task) -> None:
-        values = task.metrics.reduce()  # the whole phase; collective: every rank
         if self.writer is None:
             return
         step = task.train_phase_idx
-        self.writer.add_scalar(f"Losses/{task.phase_type}_loss_avg",
-                               values.get("loss", float("nan")), step)
-        for name, value in values.get("loss_terms", {}).items():
-            self.writer.add_scalar(f"Losses/{task.phase_type}_{name}_avg", value, step)
-        for tag, value in _flatten(f"Metrics/{task.phase_type}_avg", other_series(values),
-                                   {}).items():
-            self.writer.add_scalar(tag, value, step)
-        for meter in task.meters:
-            for tag, value in _flatten(f"Meters/{task.phase_type}/{meter.name}", meter.value,
-                                       {}).items():
-                self.writer.add_scalar(tag, value, step)
         if self.log_params and task.train:
             for name, param in task.base_model.named_parameters():
                 self.writer.add_histogram(f"Parameters/{name}", param.detach().cpu(), step)
         self.writer.flush()
 
     def on_end(self, task) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self.writer is not None:  # records written after this still come (the feature
+            self.writer.flush()      # report's): the store closes its writers at the run's end
 
     on_exception = on_end
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,8 +1,10 @@
 """What the experiment-tracker hooks (HOOKS.MLFLOW, HOOKS.WANDB) share.
 
-A tracker logs what the progress log writes: the rows the log hook (and the k-NN, feature
-report and step-timing hooks) append to metrics.json, read back as they are appended, so a
-tracker shows the very numbers of the file and reduces nothing itself. Each row becomes a dict
+A tracker is a writer of the task's metrics store (``MetricsWriter``, utils/metrics_store.py),
+as metrics.json is: it is given every record (the log's step and phase-end rows, the k-NN's,
+the online probe's, the feature report's, the step times...) with its iteration, so it shows
+the very numbers of the file and reduces nothing itself. ``TrackerHook`` is the lifecycle both
+share (open on rank 0, log, save the report files, finish). Each row becomes a dict
 of scalars (``tracker_scalars``): a step row's under its phase type (``train/loss``,
 ``train/loss_terms/<term>``, ``train/lr``, ``test/loss``...), a phase-end row's under
 ``<phase type>_phase/`` (``train_phase/loss_avg``, ``test_phase/meters/...``), any other row's
@@ -14,10 +16,16 @@ launch (engines/prelaunch.py).
 """
 import importlib.util
 import json
+import logging
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ssl_engine.hooks.base import SSLHook
+from ssl_engine.utils.distributed import is_primary
 from ssl_engine.utils.errors import ConfigError
+from ssl_engine.utils.metrics_store import MetricsWriter, Record
+
+logger = logging.getLogger(__name__)
 from ssl_engine.utils.io import json_objects
 
 # Row keys that place a row (its step, its phase), not values to plot.
@@ -75,9 +83,9 @@ def tracker_scalars(row: dict) -> Dict[str, float]:
 
 
 class MetricsRows:
-    """The rows appended to ``<folder>/metrics.json`` since the last read, for rank 0's
-    trackers, from the first row; ``skip_existing`` when a tracker run is continued: the rows
-    already there were logged by the run that wrote them."""
+    """The rows appended to ``<folder>/metrics.json`` since the last read, from the first row
+    (for tools that follow a run's file); ``skip_existing`` to start after the rows already
+    there."""
 
     def __init__(self, folder: str):
         self.path = Path(folder) / "metrics.json"
@@ -150,3 +158,70 @@ def resumes(task) -> bool:
 def run_name(name: str, folder: str) -> str:
     """The run's name in a tracker: ``name``, or the name of the run folder when empty."""
     return name or Path(folder).name
+
+
+class TrackerHook(SSLHook, MetricsWriter):
+    """What the MLflow and W&B hooks share: on rank 0, ``_open`` the tracker's run at the start
+    (continuing the run of ``<tracker>_run_id.txt`` when the run resumes), log every record of
+    the metrics store as ``tracker_scalars`` at its iteration (the store gives a tracker added
+    after the start the records written before), and at the end save the report files and
+    ``_finish``; on an exception, ``_finish`` with the failure (a failure to close is a
+    warning: the run's own exception is the one to report). Subclasses implement ``_open``,
+    ``_log``, ``_save`` and ``_finish``, and keep their client in ``self.handle``."""
+
+    name = ""  # the tracker's name in messages and in <name>_run_id.txt
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.folder = cfg.CHECKPOINT.DIR
+        self.config = cfg.to_dict()
+        self.handle = None
+        self.store = None
+
+    def on_start(self, task) -> None:
+        if not is_primary():
+            return
+        self._open(task, read_run_id(self.folder, self.name) if resumes(task) else None)
+        self.store = getattr(task, "metrics", None)
+        if self.store is not None:
+            self.store.add_writer(self)
+
+    def write(self, record: Record) -> None:
+        scalars = tracker_scalars(record.row)
+        if self.handle is not None and scalars:
+            self._log(record.iteration, scalars)
+
+    def _close(self) -> None:
+        if self.store is not None:
+            self.store.remove_writer(self)
+        self.handle = self.store = None
+
+    def on_end(self, task) -> None:
+        if self.handle is None:
+            return
+        for path in report_files(self.folder):
+            self._save(path)
+        self._finish(failed=False, stopping=False)
+        self._close()
+
+    def on_exception(self, task) -> None:
+        if self.handle is None:
+            return
+        try:
+            self._finish(failed=True, stopping=bool(getattr(task, "stopping", False)))
+        except Exception as error:  # the run's own exception is the one to report
+            logger.warning("%s: could not close run: %s", self.name, error)
+        self._close()
+
+    def _open(self, task, run_id: Optional[str]) -> None:
+        """Start the tracker's run, or continue ``run_id``; set ``self.handle``."""
+        raise NotImplementedError
+
+    def _log(self, step: int, scalars: Dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def _save(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def _finish(self, failed: bool, stopping: bool) -> None:
+        raise NotImplementedError

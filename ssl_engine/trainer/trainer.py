@@ -112,6 +112,7 @@ class SelfSupervisionTrainer:
             raise
         finally:
             task.release_loaders()
+            task.metrics.close()  # the writers (TensorBoard's events) after every hook's end
 
     def run_phase(self, task, stop: Optional[StopRequest] = None) -> None:
         """The steps of the current phase, each followed by its on_step hooks, until its data
