@@ -57,11 +57,13 @@ class SSLHook(ClassyHook):
       ``last_loss`` (other hooks read them after you).
     - The metrics store, ``task.metrics`` (utils/metrics_store.py): put named scalars from any
       event of a step (``task.metrics.put(name, value)``); the same names, as many times, on
-      every rank, since the writers reduce them over ranks. It holds the current phase only:
-      it is emptied before ``on_phase_start``. The log and metrics.json average a series over
-      the LOG_FREQUENCY window and over the phase, TensorBoard too (HOOKS.TENSORBOARD_SETUP);
-      a series other than ``loss``, ``loss_terms`` and ``monitor`` appears under its own name
-      (``metrics`` / ``metrics_avg`` in metrics.json, ``Metrics/...`` in TensorBoard). Only
+      every rank, since the log reduces them over ranks (one all-reduce per LOG_FREQUENCY
+      window). It holds the current phase only: it is emptied before ``on_phase_start``. The
+      log's rows average a series over the window and over the phase, and every writer (the
+      log line, metrics.json, TensorBoard, the trackers) gets those rows; a series other than
+      ``loss``, ``loss_terms`` and ``monitor`` appears under its own name (``metrics`` /
+      ``metrics_avg`` in metrics.json, ``Metrics/...`` in TensorBoard). A value computed on
+      rank 0 alone is a row of its own, ``task.metrics.write(row, task.iteration)``. Only
       ``loss`` and ``loss_terms`` are checkpointed: a run resumed inside a phase starts the
       other series afresh.
     - A hook's own state lives on the hook. What must survive a resume (weights a hook trains,
