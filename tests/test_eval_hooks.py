@@ -11,7 +11,7 @@ from ssl_engine.data import build_dataset
 from ssl_engine.evaluation.knn import knn_classify
 from ssl_engine.evaluation.labelled_features import EvalSplits, evaluation_mode
 from ssl_engine.evaluation.low_shot import low_shot_eval
-from ssl_engine.evaluation.report import feature_report_table
+from ssl_engine.evaluation.feature_report import feature_report_table
 from ssl_engine.hooks import FeatureReportHook, KnnEvalHook
 from ssl_engine.trainer.default_hooks import default_hook_generator
 

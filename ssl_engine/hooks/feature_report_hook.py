@@ -8,7 +8,7 @@ from ssl_engine.data.seeding import seeded_rngs
 from ssl_engine.evaluation.knn import knn_classify
 from ssl_engine.evaluation.labelled_features import EvalSplits, evaluation_mode
 from ssl_engine.evaluation.low_shot import low_shot_eval
-from ssl_engine.evaluation.report import feature_report_table
+from ssl_engine.evaluation.feature_report import feature_report_table
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.knn_hook import check_labelled_splits, knn_device, knn_settings
 from ssl_engine.models import build_model
