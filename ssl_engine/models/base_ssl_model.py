@@ -8,7 +8,8 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ssl_engine.models.feature_eval import POOL_OPS_MAP, SETTINGS, FeatureEvalSettings, apply_pools
+from ssl_engine.models.feature_eval import (POOL_OPS_MAP, SETTINGS, FeatureEvalSettings,
+                                            apply_pools, check_stages_named_once)
 from ssl_engine.models.heads.mlp import MLP
 from ssl_engine.models.multi_input import (
     build_head_chains,
@@ -192,7 +193,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         except ValueError as error:
             raise ValueError(f"{POOL_OPS_MAP}: {error}") from None
         if self.eval_settings.extract_trunk_features_only:
-            _check_stages_named_once(self.eval_settings.pool_ops)
+            check_stages_named_once(self.eval_settings.pool_ops)
         if self.eval_settings.heads_per_stage and len(self.heads) not in (0, len(stages)):
             raise ValueError(
                 f"MODEL.HEAD.PARAMS has {len(self.heads)} head(s) but {POOL_OPS_MAP} has "
@@ -347,22 +348,6 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             )
         load_state_dict_strict(self.trunk, model_state["trunk"], "trunk")
         load_state_dict_strict(self.heads, model_state["heads"], "heads")
-
-
-def _check_stages_named_once(pool_ops) -> None:
-    """Features named by stage (EXTRACT_TRUNK_FEATURES_ONLY) need each stage listed once in
-    LINEAR_EVAL_FEAT_POOL_OPS_MAP: a second entry would replace the first's features."""
-    entries: Dict[str, List[int]] = {}
-    for index, (stage, _) in enumerate(pool_ops):
-        entries.setdefault(stage, []).append(index)
-    for stage, indices in entries.items():
-        if len(indices) > 1:
-            pools = ", ".join(f"[{i}] {pool_ops[i][1]}" for i in indices)
-            raise ValueError(
-                f"config.{POOL_OPS_MAP} lists {stage} {len(indices)} times ({pools}): with "
-                f"config.{SETTINGS}.EXTRACT_TRUNK_FEATURES_ONLY=true the features are named by "
-                f"stage, so only the last would be kept. List each stage once, or set "
-                f"EXTRACT_TRUNK_FEATURES_ONLY=false with one head per entry")
 
 
 def build_model(model_cfg) -> BaseSSLMultiInputOutputModel:

@@ -1,7 +1,7 @@
 """MODEL.FEATURE_EVAL_SETTINGS: which trunk stages are evaluated, how they are pooled, what is
 frozen."""
 from dataclasses import dataclass, field
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from torch import Tensor, nn
 
@@ -121,3 +121,19 @@ class FeatureEvalSettings:
     def heads_per_stage(self) -> bool:
         """Each evaluated stage gets its own head (linear evaluation of several stages)."""
         return self.eval_mode_on and bool(self.pool_ops)
+
+
+def check_stages_named_once(pool_ops) -> None:
+    """Features named by stage (EXTRACT_TRUNK_FEATURES_ONLY) need each stage listed once in
+    LINEAR_EVAL_FEAT_POOL_OPS_MAP: a second entry would replace the first's features."""
+    entries: Dict[str, List[int]] = {}
+    for index, (stage, _) in enumerate(pool_ops):
+        entries.setdefault(stage, []).append(index)
+    for stage, indices in entries.items():
+        if len(indices) > 1:
+            pools = ", ".join(f"[{i}] {pool_ops[i][1]}" for i in indices)
+            raise ValueError(
+                f"config.{POOL_OPS_MAP} lists {stage} {len(indices)} times ({pools}): with "
+                f"config.{SETTINGS}.EXTRACT_TRUNK_FEATURES_ONLY=true the features are named by "
+                f"stage, so only the last would be kept. List each stage once, or set "
+                f"EXTRACT_TRUNK_FEATURES_ONLY=false with one head per entry")
