@@ -143,7 +143,10 @@ def test_store_windows_phase_means_and_records(monkeypatch):
         return tensor * 2  # stands for the other ranks
 
     monkeypatch.setattr(metrics_store, "all_reduce_mean", all_reduce_mean)
-    store = MetricsStore()
+    store, early, late, after = MetricsStore(), Collect(), Collect(), Collect()
+    store.add_writer(early)
+    store.write({"model_complexity": {"flops": 5}}, 0)
+    store.add_writer(late)  # at the start: given what was written before it
     store.set_history("loss", [1.0, 3.0])  # a resumed phase: kept values, not reduced again
     assert store.reduce_window() == {}
     for value in (1.0, 2.0, 3.0):
@@ -153,16 +156,14 @@ def test_store_windows_phase_means_and_records(monkeypatch):
     assert store.reduce_window() == {"loss": 10.0} and len(calls) == 2
     assert store.reduce_phase() == {"loss": pytest.approx((1 + 3 + 3 * 4 + 10) / 6)}
     assert len(calls) == 2  # the phase's mean comes from the windows
-    early, late = Collect(), Collect()
-    store.add_writer(early)
+    store.add_writer(after)  # after the first window: what comes from now on
     store.write({"knn": {"top1": 50.0}}, 7)
-    store.add_writer(late)  # given what was written before it
     store.write({"phase": "train", "loss": 1.0}, 8, kind="step", reduced=True)
     assert [(r.kind, r.iteration, r.reduced) for r in late.records] == [
-        ("knn", 7, False), ("step", 8, True)]
-    assert early.records == late.records
+        ("model_complexity", 0, False), ("knn", 7, False), ("step", 8, True)]
+    assert early.records == late.records and after.records == late.records[1:]
     store.close()
-    assert early.closed and late.closed
+    assert early.closed and late.closed and after.closed
 
 
 def test_no_writer_reads_another_writers_output():

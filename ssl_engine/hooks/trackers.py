@@ -163,8 +163,8 @@ def run_name(name: str, folder: str) -> str:
 class TrackerHook(SSLHook, MetricsWriter):
     """What the MLflow and W&B hooks share: on rank 0, ``_open`` the tracker's run at the start
     (continuing the run of ``<tracker>_run_id.txt`` when the run resumes), log every record of
-    the metrics store as ``tracker_scalars`` at its iteration (the store gives a tracker added
-    after the start the records written before), and at the end save the report files and
+    the metrics store as ``tracker_scalars`` at its iteration (the store gives it the records
+    other hooks wrote at the start before it), and at the end save the report files and
     ``_finish``; on an exception, ``_finish`` with the failure (a failure to close is a
     warning: the run's own exception is the one to report). Subclasses implement ``_open``,
     ``_log``, ``_save`` and ``_finish``, and keep their client in ``self.handle``."""

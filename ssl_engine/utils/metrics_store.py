@@ -17,7 +17,8 @@ A *record* is one row of final values with the iteration it belongs to: a window
 values computed on rank 0 alone (or already the same on every rank: the k-NN, the online
 probe's evaluation, the step times), marked ``reduced=False`` and never reduced. Every record
 goes to every writer (``MetricsWriter``: the log line, metrics.json, TensorBoard, the
-trackers), registered on rank 0; a writer added late is given the records written before.
+trackers), registered on rank 0; a writer added at the run's start is given the records
+written before it (those before the first window: the run's start keeps them, not the run).
 """
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -69,7 +70,7 @@ class MetricsStore:
         self._windowed: Dict[str, int] = {}  # entries of each series in a reduced window
         self._phase: Dict[Slot, List[float]] = {}  # [sum, count] of the windows' means
         self._writers: List[MetricsWriter] = []
-        self._records: List[Record] = []
+        self._records: Optional[List[Record]] = []  # None after the first window
 
     def _tensor(self, value) -> torch.Tensor:
         value = torch.as_tensor(value).detach()
@@ -181,6 +182,7 @@ class MetricsStore:
         for slot, value, count in zip(slots, values, counts):
             self._add_to_phase(slot, value, count)
         self._windowed = {name: len(series) for name, series in self._series.items()}
+        self._records = None
         return self._result(windows, zip(slots, values))
 
     def reduce_phase(self) -> Reduced:
@@ -194,8 +196,9 @@ class MetricsStore:
 
     # ------------------------------------------------------------------ records and writers
     def add_writer(self, writer: MetricsWriter) -> None:
-        """Give ``writer`` every record from now on, after those written before."""
-        for record in self._records:
+        """Give ``writer`` every record from now on, after those written before the first
+        window."""
+        for record in self._records or []:
             writer.write(record)
         self._writers.append(writer)
 
@@ -208,14 +211,11 @@ class MetricsStore:
         """Hand ``row`` (final values: a window's, or computed on rank 0 alone when not
         ``reduced``) of ``iteration`` to every writer; ``kind`` defaults to its first key."""
         record = Record(row, int(iteration), kind or next(iter(row)), reduced, context)
-        self._records.append(record)
+        if self._records is not None:
+            self._records.append(record)
         for writer in list(self._writers):
             writer.write(record)
         return record
-
-    def records(self) -> List[Record]:
-        """The records written by this process, in order."""
-        return list(self._records)
 
     def close(self) -> None:
         """Close every writer (the run is over)."""
