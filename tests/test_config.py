@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+import ssl_engine.losses  # noqa: F401  (the losses derive their settings: derive_config)
 from ssl_engine.config import ConfigError, compose_config, load_config
 from ssl_engine.config.derive import derive_settings
 from ssl_engine.models.trunks import check_trunk_config

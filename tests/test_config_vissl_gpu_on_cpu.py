@@ -10,6 +10,7 @@ import torch
 import yaml
 from torch import nn
 
+import ssl_engine.losses  # noqa: F401  (the losses derive their settings: derive_config)
 from ssl_engine.config import ConfigError, compose_config, derive_settings
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.hooks.frozen_params_hook import parse_frozen_params

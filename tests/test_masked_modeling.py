@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+import ssl_engine.losses  # noqa: F401  (the losses derive their settings: derive_config)
 from ssl_engine.config import load_config
 from ssl_engine.data import build_collator, build_dataset
 from ssl_engine.data.transforms.masking import MaskedImageModeling, RandomPatchMasking

@@ -33,6 +33,7 @@ from ssl_engine.losses.swav_loss import SwAVLoss
 from ssl_engine.losses.swav_momentum_loss import SwAVMomentumLoss
 from ssl_engine.losses.vicreg_loss import VICRegLoss
 from ssl_engine.utils.classy import LOSS_REGISTRY
+from ssl_engine.utils.derivations import register_config_derivation
 from ssl_engine.utils.registry import lookup
 
 
@@ -40,6 +41,16 @@ def loss_class(name: str):
     """The loss class registered as ``name``, with the ``SSLLoss`` members (``with_contract``):
     for the class-level ones, ``build_hooks`` and ``check_model_config``."""
     return with_contract(lookup(LOSS_REGISTRY, name, "loss"))
+
+
+def derive_loss_config(cfg) -> None:
+    """What the loss LOSS.name derives from ``cfg`` (its ``derive_config``), in place; nothing
+    for a name no loss has (refused later, with the known names)."""
+    if cfg.LOSS.name in LOSS_REGISTRY:
+        loss_class(cfg.LOSS.name).derive_config(cfg)
+
+
+register_config_derivation("loss", derive_loss_config)
 
 
 def build_loss(loss_cfg, num_train_samples: Optional[int] = None) -> SSLLoss:
@@ -55,6 +66,7 @@ def build_loss(loss_cfg, num_train_samples: Optional[int] = None) -> SSLLoss:
 
 __all__ = [
     "build_loss",
+    "derive_loss_config",
     "loss_class",
     "LOSS_REGISTRY",
     "SSLLoss",

@@ -16,7 +16,9 @@ from typing import Any, Dict, List, Mapping, Optional, Type
 
 import torch
 
+from ssl_engine.config.derive import crops_per_sample
 from ssl_engine.utils.classy import ClassyLoss
+from ssl_engine.utils.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,45 @@ class SSLLoss(ClassyLoss):
             if found:
                 arguments[name] = node
         return arguments
+
+    # The key of ``LOSS.<name>`` that takes the crops per sample of the training transforms
+    # (ImgPilToMultiCrop's total_num_crops, ImgReplicatePil's num_times), e.g. "num_crops".
+    # Default None: the loss reads no crop count.
+    crops_key: Optional[str] = None
+    # Whether the loss's targets are the samples' indices (a memory bank of the training set):
+    # DATA.TRAIN.LABEL_TYPE must then be sample_index.  Default False.
+    sample_index_targets: bool = False
+    # The parameter of the last head (MODEL.HEAD.PARAMS) whose size is the loss's output_dim
+    # (DINO's num_clusters: the prototypes the loss centers and sharpens).  Default None.
+    output_dim_head_key: Optional[str] = None
+
+    @classmethod
+    def derive_config(cls, cfg) -> None:
+        """Fill, in place and before launch, the settings of ``cfg`` (the whole config, this
+        loss's own under ``cfg.LOSS[cfg.LOSS.name]``) that follow from the rest of it, and refuse
+        what cannot work (``ConfigError``); called by the config's derivations
+        (``derive_settings``) for the loss ``LOSS.name``, before anything is built.  Default:
+        ``crops_key`` set from the training transforms and ``sample_index_targets`` checked
+        (unless TEST_ONLY), output_dim from ``output_dim_head_key``; nothing for a loss that
+        declares none of these.  An override calls ``super().derive_config(cfg)`` to keep
+        them."""
+        if cls.crops_key and not cfg.TEST_ONLY:
+            crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
+            if crops:
+                cfg.LOSS.setdefault(cfg.LOSS.name, {})[cls.crops_key] = crops
+        if cls.output_dim_head_key and cfg.MODEL.HEAD.PARAMS:
+            head = cfg.MODEL.HEAD.PARAMS[-1]
+            params = head[1] if isinstance(head, (list, tuple)) and len(head) == 2 else None
+            size = params.get(cls.output_dim_head_key) if isinstance(params, dict) else None
+            if size:
+                size = size[0] if isinstance(size, (list, tuple)) else size
+                cfg.LOSS.setdefault(cfg.LOSS.name, {})["output_dim"] = int(size)
+        if cls.sample_index_targets and not cfg.TEST_ONLY \
+                and cfg.DATA.TRAIN.LABEL_TYPE != "sample_index":
+            raise ConfigError(f"config.LOSS.name={cfg.LOSS.name} keeps a memory bank of the "
+                              "training set indexed by sample: set "
+                              "config.DATA.TRAIN.LABEL_TYPE=sample_index (got "
+                              f"{cfg.DATA.TRAIN.LABEL_TYPE!r})")
 
     @classmethod
     def check_model_config(cls, model_cfg) -> None:

@@ -33,6 +33,8 @@ class DeepClusterV2Loss(SSLLoss):
     holds the whole memory and clusters it alike, so any number of processes gives the same
     clusters."""
 
+    crops_key = "num_crops"
+    sample_index_targets = True  # its memory bank is indexed by sample
     config_keys = {"crops_for_mb": "memory_params.crops_for_mb",
                    "embedding_dim": "memory_params.embedding_dim"}
 

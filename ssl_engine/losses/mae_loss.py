@@ -4,6 +4,7 @@ import torch
 
 from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.models.trunks.vision_transformer import NAMED_SIZES
 from ssl_engine.utils.classy import register_loss
 
 
@@ -30,6 +31,15 @@ class MAELoss(SSLLoss):
     before launch."""
 
     monitor_embedding = False  # the output is pixels, not an embedding
+
+    @classmethod
+    def derive_config(cls, cfg) -> None:
+        """patch_size: the ViT's (MODEL.TRUNK.VISION_TRANSFORMERS: its named size's, else
+        PATCH_SIZE)."""
+        super().derive_config(cfg)
+        vit = cfg.MODEL.TRUNK.VISION_TRANSFORMERS
+        named = NAMED_SIZES.get(vit.get("name") or "")
+        cfg.LOSS[cfg.LOSS.name].patch_size = named[0] if named else int(vit.PATCH_SIZE)
 
     def __init__(self, norm_pix_loss: bool = True, patch_size: int = 16):
         super().__init__()

@@ -25,6 +25,7 @@ class MultiCropSimclrInfoNCELoss(SSLLoss):
     batch_coupling = (
         "its negatives are the other samples of the batch, and accumulation does not add negatives"
     )
+    crops_key = "num_crops"
     config_keys = {"embedding_dim": "buffer_params.embedding_dim"}  # VISSL's place for it
 
     def __init__(self, temperature: float = 0.1, embedding_dim: int = 128, num_crops: int = 2):

@@ -35,6 +35,7 @@ class NCELossWithMemory(SSLLoss):
     training set, filled in by the task)."""
 
     batch_coupling = None  # per-sample terms; the memory moves once per micro-batch
+    sample_index_targets = True  # its memory bank is indexed by sample
     config_keys = {
         "num_negatives": "negative_sampling_params.num_negatives",
         "negative_sampling": "negative_sampling_params.type",

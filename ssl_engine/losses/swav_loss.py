@@ -7,6 +7,7 @@ the samples, the ``num_crops - 1`` predicting crops, the assigned crops and the 
 A queue of past embeddings (``queue.queue_length``, filled from ``queue.start_iter`` on) adds
 rows to the Sinkhorn problem when batches are small; only the batch's own assignments are used.
 """
+import logging
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -19,6 +20,33 @@ from ssl_engine.losses.sinkhorn import distributed_sinkhorn
 from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
 from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
+
+
+logger = logging.getLogger(__name__)
+
+
+def _prototypes_from_head(loss, head_params, name: str) -> None:
+    """VISSL's swav_loss read num_prototypes and embedding_dim only to size its queue: without
+    a queue, values that differ from the swav_head's num_clusters and embedding (VISSL's
+    iNaturalist ablations keep the default 3000 beside 8142 prototypes, its heads files a
+    256-wide embedding beside the default 128) were ignored; the head's are used, said once."""
+    if int(loss.get("queue", {}).get("queue_length", 0) or 0) > 0:
+        return
+    heads = [head[1] for head in head_params if isinstance(head, (list, tuple))
+             and len(head) == 2 and str(head[0]).startswith("swav_head")
+             and isinstance(head[1], dict) and "num_clusters" in head[1] and head[1].get("dims")]
+    if len(heads) != 1:
+        return
+    from_head = {"num_prototypes": [int(k) for k in heads[0]["num_clusters"]],
+                 "embedding_dim": int(heads[0]["dims"][-1])}
+    for key, value in from_head.items():
+        given = loss.get(key)
+        given = [int(k) for k in given] if isinstance(given, (list, tuple)) else given
+        if (value or key == "embedding_dim") and given != value:
+            logger.warning("config.LOSS.%s.%s=%s differs from the swav_head's (%s); "
+                           "without a queue VISSL did not read it: %s is used", name, key, given,
+                           value, value)
+            loss[key] = value
 
 
 @register_loss("swav_loss")
@@ -72,6 +100,18 @@ class SwAVLoss(SSLLoss):
                                                   self.embedding_dim))
         # rows of the whole queue (all ranks) filled so far
         self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
+
+    crops_key = "num_crops"
+    # whether num_prototypes and embedding_dim without a queue are the swav_head's
+    prototypes_from_head = True
+
+    @classmethod
+    def derive_config(cls, cfg) -> None:
+        """num_crops from the training transforms; without a queue, num_prototypes and
+        embedding_dim from the swav_head (``prototypes_from_head``)."""
+        super().derive_config(cfg)
+        if cls.prototypes_from_head:
+            _prototypes_from_head(cfg.LOSS[cfg.LOSS.name], cfg.MODEL.HEAD.PARAMS, cfg.LOSS.name)
 
     @classmethod
     def build_hooks(cls) -> List:

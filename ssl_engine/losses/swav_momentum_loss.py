@@ -19,6 +19,8 @@ class SwAVMomentumLoss(SwAVLoss, MomentumTargetLoss):
     its prototypes.  From iteration ``momentum_eval_mode_iter_start`` on, the momentum network
     runs in eval mode (its batch norms use their running statistics)."""
 
+    prototypes_from_head = False  # its num_prototypes and embedding_dim are used as given
+
     def __init__(self, momentum: float = 0.99, momentum_eval_mode_iter_start: int = 0,
                  embedding_dim: int = 128, temperature: float = 0.1,
                  use_double_precision: bool = False, normalize_last_layer: bool = True,

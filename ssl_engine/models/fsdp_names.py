@@ -39,7 +39,7 @@ FSDP_OPTIMIZERS: Dict[str, str] = {"sgd_fsdp": "sgd"}
 
 def ordinary_builder(kind: str, fsdp_name: str, ordinary_name: str, ordinary):
     """A callable registered under ``fsdp_name`` that builds ``ordinary`` (logging it) and
-    offers its ``check_config``."""
+    offers its ``check_config`` and ``derive_config``."""
 
     @functools.wraps(ordinary, updated=())
     def build(*args, **kwargs):
@@ -47,9 +47,9 @@ def ordinary_builder(kind: str, fsdp_name: str, ordinary_name: str, ordinary):
                     "TRAINER.TASK_NAME=%s shards it)", kind, fsdp_name, ordinary_name, FSDP_TASK)
         return ordinary(*args, **kwargs)
 
-    check = getattr(ordinary, "check_config", None)
-    if check is not None:
-        build.check_config = check
+    for member in ("check_config", "derive_config"):
+        if getattr(ordinary, member, None) is not None:
+            setattr(build, member, getattr(ordinary, member))
     return build
 
 

@@ -34,6 +34,12 @@ class StagedTrunk(nn.Module):
             self.check_config(model_cfg)
 
     @classmethod
+    def derive_config(cls, cfg) -> None:
+        """Fill, in place and before launch, the settings of ``cfg`` (the whole config) that
+        follow from this trunk's; called by the config's derivations (``derive_settings``) for
+        the trunk MODEL.TRUNK.NAME, before ``check_config``.  Does nothing by default."""
+
+    @classmethod
     def check_config(cls, model_cfg) -> None:
         """Refuse the MODEL settings this trunk cannot build, naming the key; called before any
         process starts (``check_trunk_config``) and by ``__init__``. Accepts all by default."""

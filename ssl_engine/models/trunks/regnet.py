@@ -23,6 +23,7 @@ Outputs: ``conv1`` (stem), ``res2``.. (one per stage, usually res2..res5), ``avg
 ([N, C, 1, 1]), ``flatten`` ([N, C], the default) and ``res5avg`` (the same [N, C] under the
 resnet trunk's name).
 """
+import logging
 from typing import Any, Dict, List
 
 import torch
@@ -31,6 +32,8 @@ from torch import nn
 from ssl_engine.models.activation_checkpointing import checkpointed_segments, checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
+
+logger = logging.getLogger(__name__)
 
 CONFIG = "config.MODEL.TRUNK.REGNET"
 REGNET_KEYS = ("depth", "w_0", "w_a", "w_m", "group_width")
@@ -241,6 +244,19 @@ class RegNetTrunk(StagedTrunk):
     """Stages: conv1, res2..res5 (one per RegNet stage), avgpool, flatten (default), res5avg."""
 
     default_out_feat_key = "flatten"
+
+    @classmethod
+    def derive_config(cls, cfg) -> None:
+        """A preset ``name`` beside its parameters: VISSL built the preset from the name alone;
+        so does the engine, saying once which keys it ignores."""
+        regnet = cfg.MODEL.TRUNK.get("REGNET")
+        ignored = clear_parameters_beside_preset(regnet) if regnet else {}
+        if ignored:
+            logger.warning("config.MODEL.TRUNK.REGNET: %s ignored: name=%r is a preset that sets "
+                           "the whole network (VISSL built it from the name alone too); set name "
+                           "to null to build from the parameters",
+                           ", ".join(f"{key}={value!r}" for key, value in ignored.items()),
+                           regnet.get("name"))
 
     @classmethod
     def check_config(cls, model_cfg) -> None:

@@ -50,6 +50,7 @@ from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.conv_stem import conv_stem
 from ssl_engine.models.trunks.base import StagedTrunk
 from ssl_engine.models.trunks.msn_patch_drop import msn_patch_drop
+from ssl_engine.utils.derivations import register_config_derivation
 
 CONFIG = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 # VISION_TRANSFORMERS.name -> (PATCH_SIZE, NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM); the
@@ -130,6 +131,18 @@ def _mlp_ratio(hidden_dim: int, mlp_dim: int) -> float:
         raise ValueError(f"{CONFIG}.MLP_DIM={mlp_dim} cannot be expressed as HIDDEN_DIM="
                          f"{hidden_dim} x a ratio; choose e.g. MLP_DIM={4 * hidden_dim}")
     return ratio
+
+
+def seed_msn_patch_drop(cfg) -> None:
+    """MSN's patch drop (MASKED_IMAGE_MODELING.NAME=msn) is seeded with SEED_VALUE unless its
+    PARAMS give a seed; in every config, whatever MODEL.TRUNK.NAME (the section is the
+    schema's, and VISSL's configs give it beside other trunks too)."""
+    masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
+    if masking.NAME == "msn" and "seed" not in (masking.PARAMS or {}):
+        masking.PARAMS = {**(masking.PARAMS or {}), "seed": int(cfg.SEED_VALUE)}
+
+
+register_config_derivation("vision_transformer_masking", seed_msn_patch_drop)
 
 
 @register_model_trunk("vision_transformer")
