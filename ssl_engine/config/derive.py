@@ -3,13 +3,12 @@ import logging
 import os
 
 from ssl_engine.config.attr_dict import AttrDict
-from ssl_engine.config.masked_modeling import derive_masked_modeling
+from ssl_engine.config.masked_modeling import derive_collator_keys
 from ssl_engine.config.validate import get_dotted
 from ssl_engine.data.catalog import resolve_dataset_names
-from ssl_engine.models.fsdp_names import FSDP_TRUNKS
-from ssl_engine.models.trunks.regnet import clear_parameters_beside_preset
 from ssl_engine.optimizers import apply_auto_lr_scaling
 from ssl_engine.utils.cpu_budget import cores_available
+from ssl_engine.utils.derivations import run_config_derivations
 from ssl_engine.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -156,92 +155,6 @@ def crops_per_sample(transforms) -> int:
     return 0
 
 
-# the losses whose crops per sample are those of the training transforms, and their key
-CROPS_KEYS = {"swav_loss": "num_crops", "dino_loss": "num_crops", "msn_loss": "num_crops",
-              "swav_momentum_loss": "num_crops", "multicrop_simclr_info_nce_loss": "num_crops",
-              "deepclusterv2_loss": "num_crops", "swav_distillation_loss": "num_crops",
-              "dino_distillation_loss": "student_num_crops"}
-DISTILLATION_LOSSES = ("swav_distillation_loss", "dino_distillation_loss")
-# losses whose targets are sample indices (a memory bank of the training set)
-_SAMPLE_INDEX_LOSSES = ("nce_loss_with_memory", "deepclusterv2_loss")
-
-
-def _derive_loss_settings(cfg: AttrDict) -> None:
-    """The multi-crop losses' num_crops from the training transforms, DINO's and MSN's
-    output_dim from their head's num_clusters / num_prototypes, as VISSL infers them; the seed
-    of MSN's patch drop from SEED_VALUE unless its PARAMS give one; the crops of the student
-    of a distillation too (VISSL's configs set them by hand, and a crops fragment over another
-    base can leave them behind: the batch would be split into the wrong crops); the
-    memory-bank losses need the sample index as the target."""
-    name = cfg.LOSS.name
-    key = CROPS_KEYS.get(name)
-    if key and not cfg.TEST_ONLY:
-        crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
-        if crops:
-            if name in DISTILLATION_LOSSES and cfg.LOSS[name].get(key, crops) != crops:
-                logger.warning("config.LOSS.%s.%s=%s: the training transforms make %d crops "
-                               "per sample; %d is used", name, key, cfg.LOSS[name][key], crops,
-                               crops)
-            cfg.LOSS[name][key] = crops
-    if name in _SAMPLE_INDEX_LOSSES and not cfg.TEST_ONLY \
-            and cfg.DATA.TRAIN.LABEL_TYPE != "sample_index":
-        raise ConfigError(f"config.LOSS.name={name} keeps a memory bank of the training set "
-                          "indexed by sample: set config.DATA.TRAIN.LABEL_TYPE=sample_index "
-                          f"(got {cfg.DATA.TRAIN.LABEL_TYPE!r})")
-    if name in ("dino_loss", "msn_loss") and cfg.MODEL.HEAD.PARAMS:
-        head = cfg.MODEL.HEAD.PARAMS[-1]
-        params = head[1] if isinstance(head, (list, tuple)) and len(head) == 2 else None
-        key = "num_clusters" if name == "dino_loss" else "num_prototypes"
-        size = params.get(key) if isinstance(params, dict) else None
-        if size:
-            cfg.LOSS[name].output_dim = int(size[0] if isinstance(size, (list, tuple)) else size)
-    if name == "swav_loss":
-        _swav_prototypes_from_head(cfg)
-    masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
-    if masking.NAME == "msn" and "seed" not in (masking.PARAMS or {}):
-        masking.PARAMS = {**(masking.PARAMS or {}), "seed": int(cfg.SEED_VALUE)}
-
-
-def _swav_prototypes_from_head(cfg: AttrDict) -> None:
-    """VISSL's swav_loss read num_prototypes and embedding_dim only to size its queue: without
-    a queue, values that differ from the swav_head's num_clusters and embedding (VISSL's
-    iNaturalist ablations keep the default 3000 beside 8142 prototypes, its heads files a
-    256-wide embedding beside the default 128) were ignored; the head's are used, said once."""
-    loss = cfg.LOSS.swav_loss
-    if int(loss.get("queue", {}).get("queue_length", 0) or 0) > 0:
-        return
-    heads = [head[1] for head in cfg.MODEL.HEAD.PARAMS if isinstance(head, (list, tuple))
-             and len(head) == 2 and str(head[0]).startswith("swav_head")
-             and isinstance(head[1], dict) and "num_clusters" in head[1] and head[1].get("dims")]
-    if len(heads) != 1:
-        return
-    from_head = {"num_prototypes": [int(k) for k in heads[0]["num_clusters"]],
-                 "embedding_dim": int(heads[0]["dims"][-1])}
-    for key, value in from_head.items():
-        given = loss.get(key)
-        given = [int(k) for k in given] if isinstance(given, (list, tuple)) else given
-        if (value or key == "embedding_dim") and given != value:
-            logger.warning("config.LOSS.swav_loss.%s=%s differs from the swav_head's (%s); "
-                           "without a queue VISSL did not read it: %s is used", key, given,
-                           value, value)
-            loss[key] = value
-
-
-def _regnet_preset_wins(cfg: AttrDict) -> None:
-    """A RegNet preset ``name`` beside its parameters: VISSL built the preset from the name
-    alone; so does the engine, saying once which keys it ignores."""
-    regnet = cfg.MODEL.TRUNK.get("REGNET")
-    if FSDP_TRUNKS.get(cfg.MODEL.TRUNK.NAME, cfg.MODEL.TRUNK.NAME) != "regnet" or not regnet:
-        return
-    ignored = clear_parameters_beside_preset(regnet)
-    if ignored:
-        logger.warning("config.MODEL.TRUNK.REGNET: %s ignored: name=%r is a preset that sets "
-                       "the whole network (VISSL built it from the name alone too); set name "
-                       "to null to build from the parameters",
-                       ", ".join(f"{key}={value!r}" for key, value in ignored.items()),
-                       regnet.get("name"))
-
-
 _LARS_ONLY = {"exclude_bias_and_norm": False, "eta": 0.001}  # key -> its default
 
 
@@ -315,7 +228,9 @@ def _derive_extraction_splits(cfg: AttrDict) -> None:
 
 
 def derive_settings(cfg: AttrDict, reads_data: bool = True) -> AttrDict:
-    """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations.
+    """Fill derived values in place (backend, absolute paths, scaled lr) and check combinations;
+    the loss and the trunk the config names derive their own settings (``derive_config``,
+    registered with utils/derivations.py when their packages are imported).
     ``reads_data=False``: the config's images come from elsewhere (tools/instance_retrieval_test.py
     reads IMG_RETRIEVAL.DATASET_PATH), so DATA's splits may name no source."""
     _check_choices(cfg)
@@ -324,10 +239,9 @@ def derive_settings(cfg: AttrDict, reads_data: bool = True) -> AttrDict:
         resolve_dataset_names(cfg, split)
     _check_phases(cfg, reads_data)
     _check_ema_model(cfg)
-    _derive_loss_settings(cfg)
-    derive_masked_modeling(cfg)
+    run_config_derivations(cfg)  # the loss's and the trunk's own (their derive_config)
+    derive_collator_keys(cfg)
     _warn_lars_only_settings(cfg)
-    _regnet_preset_wins(cfg)
     _derive_meter_settings(cfg)
     _derive_extraction_splits(cfg)
     cfg.CHECKPOINT.DIR = os.path.abspath(os.path.expanduser(cfg.CHECKPOINT.DIR))

@@ -13,118 +13,35 @@ averaged over the samples and the pairs.  ``teacher_temp`` rises linearly from
 moves towards the mean teacher output of the global batch:
 ``center = ema_center * center + (1 - ema_center) * mean``.
 
-DINOv2's options (``losses/dinov2_terms.py``): ``centering: sinkhorn_knopp`` replaces the
-center by ``sinkhorn_iterations`` Sinkhorn-Knopp iterations over the global batch of teacher
-rows (at the teacher temperature; the center then stays unused); ``koleo_loss_weight > 0``
-adds ``koleo_loss_weight * sum over the teacher's crops of KoLeo(the student's trunk features
-of that crop)``, which needs the trunk's features as the first model output (heads
-``[[identity, {}], [dino_head, {...}]]`` with MODEL.HEAD.OUTPUT_HEADS ``[0, 1]``).  KoLeo
-reads this rank's rows only, as DINOv2 does: 2 processes with B rows each differ from one
-with 2B.
+DINOv2's options (``losses/teacher_student.py``, ``losses/dinov2_terms.py``):
+``centering: sinkhorn_knopp`` replaces the center by ``sinkhorn_iterations`` Sinkhorn-Knopp
+iterations over the global batch of teacher rows (at the teacher temperature; the center then
+stays unused); ``koleo_loss_weight > 0`` adds ``koleo_loss_weight * sum over the teacher's
+crops of KoLeo(the student's trunk features of that crop)``, which needs the trunk's features
+as the first model output (heads ``[[identity, {}], [dino_head, {...}]]`` with
+MODEL.HEAD.OUTPUT_HEADS ``[0, 1]``).  KoLeo reads this rank's rows only, as DINOv2 does: 2
+processes with B rows each differ from one with 2B.
 """
 from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ssl_engine.losses.dinov2_terms import (
-    CENTERINGS,
-    centered_targets,
-    koleo_loss,
-    sinkhorn_knopp_targets,
-)
+from ssl_engine.losses.dinov2_terms import koleo_loss
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
-from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
+from ssl_engine.losses.teacher_student import (
+    CENTERINGS,
+    TeacherCollapseMonitor,
+    centered_targets,
+    cross_crop_entropy,
+    ema_towards_global_mean_,
+    first_crops,
+    linear_warmup,
+    sinkhorn_knopp_targets,
+    without_stochastic_depth,
+)
 from ssl_engine.utils.classy import register_loss
-from ssl_engine.utils.distributed import all_reduce_sum
-
-
-def without_stochastic_depth(network: torch.nn.Module) -> None:
-    """Turn off the stochastic depth (timm's ``DropPath``) of every block of ``network``."""
-    for module in network.modules():
-        if hasattr(module, "drop_prob"):
-            module.drop_prob = 0.0
-
-
-def crop_rows(inputs, crops: Sequence[int], num_crops: int, num_crops_key: str):
-    """The rows of the first crops ``crops`` (``[0, 1, ..., T-1]``) of a crop-major model input
-    (a tensor or a list of resolution groups, each ``crops_in_group * B`` rows): whole groups
-    where a group holds only those crops, else those crops' rows of it; one tensor when one
-    group is selected, else the list."""
-    groups = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
-    rows = sum(group.shape[0] for group in groups)
-    if rows % num_crops:
-        raise ValueError(f"the loss got {rows} input rows, not a multiple of num_crops="
-                         f"{num_crops} ({num_crops_key})")
-    batch_size = rows // num_crops
-    selected, first = [], 0
-    for group in groups:
-        group_crops = group.shape[0] // batch_size
-        chosen = [c - first for c in crops if first <= c < first + group_crops]
-        if len(chosen) == group_crops:
-            selected.append(group)
-        elif chosen:
-            selected.append(group[chosen[0] * batch_size:(chosen[-1] + 1) * batch_size])
-        first += group_crops
-    return selected[0] if len(selected) == 1 else selected
-
-
-def cross_crop_entropy(targets: torch.Tensor, log_probs: torch.Tensor, teachers: int,
-                       crops: int) -> torch.Tensor:
-    """DINO's loss per teacher crop [teachers]: the cross-entropy of the teacher's
-    distributions ``targets`` ([teachers * B, K], crop-major; crop t is the student's crop t)
-    with the student's ``log_probs`` ([crops * B, K]) of every other crop, averaged over the
-    samples and over all ``teachers * (crops - 1)`` pairs (the terms add up to the mean)."""
-    batch = targets.shape[0] // teachers
-    # [teacher crop, student crop]: cross-entropies summed over the samples
-    cross = -torch.einsum("tbk,sbk->ts", targets.view(teachers, batch, -1),
-                          log_probs.view(crops, batch, -1))
-    other_crop = 1 - torch.eye(teachers, crops, dtype=cross.dtype, device=cross.device)
-    return (cross * other_crop).sum(dim=1) / (teachers * (crops - 1) * batch)
-
-
-@torch.no_grad()
-def ema_towards_global_mean_(center: torch.Tensor, rows: torch.Tensor, momentum: float) -> None:
-    """``center = momentum * center + (1 - momentum) * mean``, the mean of ``rows`` [R, K] over
-    every rank's rows (a center of DINO or iBOT)."""
-    sums = torch.cat([rows.sum(dim=0), rows.new_full((1,), rows.shape[0])])
-    sums = all_reduce_sum(sums)
-    mean = (sums[:-1] / sums[-1]).view_as(center)
-    center.mul_(momentum).add_(mean, alpha=1.0 - momentum)
-
-
-class TeacherCollapseMonitor:
-    """The collapse monitor of a loss with a teacher's prototype distributions (DINO, iBOT):
-    the model's outputs are prototype scores, not an embedding, so the monitor reads the
-    teacher's distributions, which the loss hands to ``_statistics`` at every step."""
-
-    monitor_embedding = False
-
-    @torch.no_grad()
-    def _statistics(self, targets: torch.Tensor) -> None:
-        """As fractions of log K: the mean entropy of the teacher's distributions (1: uniform,
-        DINO's collapse onto the center) and the entropy of their batch mean (0: every sample
-        on the same prototype, the other collapse)."""
-        self._last_statistics = {
-            "teacher_entropy": entropy_fraction(targets),
-            "teacher_mean_entropy": entropy_fraction(targets.mean(dim=0, keepdim=True)),
-        }
-
-    def collapse_statistics(self):
-        return self._last_statistics
-
-    @staticmethod
-    def collapse_warning(statistics) -> Optional[str]:
-        uniform = statistics.get("teacher_entropy")
-        if uniform is not None and float(uniform) > COLLAPSED_ENTROPY:
-            return (f"the teacher's distributions are uniform (entropy {float(uniform):.3f} of "
-                    "log K): the loss sits at log K and the features carry nothing")
-        one = statistics.get("teacher_mean_entropy")
-        if one is not None and float(one) < 1.0 - COLLAPSED_ENTROPY:
-            return (f"the teacher puts every sample on the same prototypes (entropy of the "
-                    f"batch mean {float(one):.3f} of log K)")
-        return None
 
 
 @register_loss("dino_loss")
@@ -140,6 +57,9 @@ class DINOLoss(TeacherCollapseMonitor, MomentumTargetLoss):
     the step trains (only training steps move the center)."""
 
     batch_coupling = "its center moves after every micro-batch, with that micro-batch's mean"
+
+    crops_key = "num_crops"
+    output_dim_head_key = "num_clusters"
 
     def __init__(self, momentum: float = 0.996, student_temp: float = 0.1,
                  teacher_temp_min: float = 0.04, teacher_temp_max: float = 0.07,
@@ -199,20 +119,16 @@ class DINOLoss(TeacherCollapseMonitor, MomentumTargetLoss):
         without_stochastic_depth(self.target_network)
 
     def target_input(self, batch):
-        """The rows of the teacher's crops (``crop_rows``)."""
-        return crop_rows(batch["input"], self.crops_for_teacher, self.num_crops,
-                         "LOSS.dino_loss.num_crops")
+        """The rows of the teacher's crops (``first_crops``): one tensor where they lie in one
+        input tensor."""
+        return first_crops(batch["input"], self.num_crops, len(self.crops_for_teacher),
+                           "LOSS.dino_loss.num_crops", single=True)
 
     # ------------------------------------------------------------------ the loss
     def teacher_temp_at(self, iteration: int) -> float:
         """The teacher temperature of ``iteration``: linear warm-up, then constant."""
-        warmup = self.teacher_temp_warmup_iters
-        if iteration >= warmup:
-            return self.teacher_temp_max
-        if warmup == 1:
-            return self.teacher_temp_min
-        step = (self.teacher_temp_max - self.teacher_temp_min) / (warmup - 1)
-        return self.teacher_temp_min + step * iteration
+        return linear_warmup(self.teacher_temp_min, self.teacher_temp_max,
+                             self.teacher_temp_warmup_iters, iteration, slope_first=True)
 
     def _student_scores(self, output) -> torch.Tensor:
         outputs = as_output_list(output)

@@ -6,46 +6,20 @@ The teacher is the model of ``DISTILLATION.TEACHER_MODEL`` with the weights of i
 student, runs it on the crops ``teacher_input`` picks and hands its outputs to
 ``set_teacher_output``.  The teacher is not trained and not checkpointed.
 """
-from typing import List, Optional, Sequence, Union
+import logging
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.config.derive import crops_per_sample
 from ssl_engine.hooks.distillation_hook import DistillationHook
 from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.teacher_student import Inputs, crop_pairs, first_crops
 from ssl_engine.utils.classy import register_loss
 
-Inputs = Union[torch.Tensor, Sequence[torch.Tensor]]
-
-
-def first_crops(inputs: Inputs, num_crops: int, keep: int) -> List[torch.Tensor]:
-    """The first ``keep`` of the ``num_crops`` view-major crops of ``inputs`` (one tensor, or
-    multicrop_collator's tensors of one resolution each, in crop order)."""
-    groups = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
-    rows = sum(group.shape[0] for group in groups)
-    if rows % num_crops:
-        raise ValueError(f"the batch has {rows} rows, not a multiple of the {num_crops} crops "
-                         "per sample the distillation loss is configured with")
-    wanted, kept = keep * rows // num_crops, []
-    for group in groups:
-        if wanted <= 0:
-            break
-        kept.append(group[:wanted])
-        wanted -= kept[-1].shape[0]
-    return kept
-
-
-def crop_pairs(teacher_crops: int, student_crops: int, swapped_assignment: bool):
-    """The (teacher crop q, student crop v) pairs a crop-to-crop distillation averages over:
-    with ``swapped_assignment`` every v != q; otherwise every v but the other teacher-seen
-    crops (each teacher crop is matched with the student's view of the same crop and with
-    every crop the teacher does not see)."""
-    for q in range(teacher_crops):
-        for v in range(student_crops):
-            skip = v == q if swapped_assignment else (v < teacher_crops and v != q)
-            if not skip:
-                yield q, v
+logger = logging.getLogger(__name__)
 
 
 class TeacherLoss(SSLLoss):
@@ -54,6 +28,20 @@ class TeacherLoss(SSLLoss):
     def __init__(self):
         super().__init__()
         self._teacher_output: Optional[List[torch.Tensor]] = None
+
+    @classmethod
+    def derive_config(cls, cfg) -> None:
+        """The student's crops (``crops_key``) from the training transforms, said once when the
+        config gives others: VISSL's configs set them by hand, and a crops fragment over
+        another base can leave them behind (the batch would be split into the wrong crops)."""
+        crops = 0 if cfg.TEST_ONLY or not cls.crops_key \
+            else crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
+        given = cfg.LOSS[cfg.LOSS.name].get(cls.crops_key, crops) if crops else crops
+        if given != crops:
+            logger.warning("config.LOSS.%s.%s=%s: the training transforms make %d crops per "
+                           "sample; %d is used", cfg.LOSS.name, cls.crops_key, given, crops,
+                           crops)
+        super().derive_config(cfg)
 
     @classmethod
     def build_hooks(cls) -> List:
@@ -139,6 +127,7 @@ class DINODistillationLoss(TeacherLoss):
     crop is matched with its own teacher view and every local crop with all of them)."""
 
     monitor_embedding = False  # the output is prototype scores
+    crops_key = "student_num_crops"
 
     def __init__(self, teacher_num_crops: int = 2, student_num_crops: int = 10,
                  teacher_temperature: float = 0.07, student_temperature: float = 0.1,
@@ -156,7 +145,8 @@ class DINODistillationLoss(TeacherLoss):
         self.swapped_assignment = bool(swapped_assignment)
 
     def teacher_input(self, inputs: Inputs) -> Inputs:
-        return first_crops(inputs, self.student_num_crops, self.teacher_num_crops)
+        return first_crops(inputs, self.student_num_crops, self.teacher_num_crops,
+                           "LOSS.dino_distillation_loss.student_num_crops")
 
     def pairs(self):
         return crop_pairs(self.teacher_num_crops, self.student_num_crops,

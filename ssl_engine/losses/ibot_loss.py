@@ -25,27 +25,46 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ssl_engine.losses.dino_loss import (
-    TeacherCollapseMonitor,
-    cross_crop_entropy,
-    ema_towards_global_mean_,
-    without_stochastic_depth,
-)
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.teacher_student import (
+    TeacherCollapseMonitor,
+    centered_targets,
+    cross_crop_entropy,
+    ema_towards_global_mean_,
+    linear_warmup,
+    without_stochastic_depth,
+)
 from ssl_engine.utils.classy import register_loss
 
 
-def warmup_value(start: float, end: float, warmup_epochs: int, epoch: int) -> float:
-    """``start`` to ``end`` linearly over epochs 0 .. warmup_epochs - 1, then ``end`` (start
-    before epoch 0)."""
-    if epoch < 0:
-        return start
-    if epoch >= warmup_epochs:
-        return end
-    if warmup_epochs == 1:
-        return start
-    return start + (end - start) * epoch / (warmup_epochs - 1)
+def _crop_counts(transforms):
+    """(crops of the first size, crops of the others) of ImgPilToMultiCrop, or None."""
+    for spec in transforms or []:
+        if isinstance(spec, dict) and spec.get("name") == "ImgPilToMultiCrop":
+            counts = [int(c) for c in spec.get("num_crops", [])]
+            return (counts[0], sum(counts[1:])) if counts else None
+    return None
+
+
+def _last_head_params(cfg, name: str):
+    heads = cfg.MODEL.HEAD.PARAMS or []
+    head = heads[-1] if heads else None
+    if isinstance(head, (list, tuple)) and len(head) == 2 and head[0] == name:
+        return head[1] or {}
+    return None
+
+
+def _check_class_token(cfg, head) -> None:
+    """ibot_head reads the class token first in lastBLK; a ViT without one needs pool_patches."""
+    vit = cfg.MODEL.TRUNK.get("VISION_TRANSFORMERS") or {}
+    if cfg.MODEL.TRUNK.NAME != "vision_transformer" or vit.get("USE_CLASS_TOKEN", True):
+        return
+    if not head.get("pool_patches", False):
+        raise ValueError("config.MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN=false gives "
+                         "ibot_head patch tokens only: set the head's pool_patches: true (the "
+                         "image's row is then the mean of the patch tokens) and give the local "
+                         "views lastPOOL")
 
 
 @register_loss("ibot_loss")
@@ -56,6 +75,24 @@ class IBOTLoss(TeacherCollapseMonitor, MomentumTargetLoss):
     are in every checkpoint."""
 
     batch_coupling = "its centers move after every micro-batch, with that micro-batch's mean"
+
+    @classmethod
+    def derive_config(cls, cfg) -> None:
+        """The global and local crops from ImgPilToMultiCrop's num_crops, out_dim and
+        patch_out_dim from the last head (ibot_head), num_epochs from the optimizer's."""
+        super().derive_config(cfg)
+        loss = cfg.LOSS[cfg.LOSS.name]
+        counts = None if cfg.TEST_ONLY else _crop_counts(cfg.DATA.TRAIN.TRANSFORMS)
+        if counts:
+            loss.num_global_crops, loss.num_local_crops = counts
+        head = _last_head_params(cfg, "ibot_head")
+        if head is not None:
+            _check_class_token(cfg, head)
+            loss.out_dim = int(head.get("out_dim", 8192))
+            shared = head.get("shared_head", True)
+            patch = head.get("patch_out_dim")
+            loss.patch_out_dim = int(loss.out_dim if shared or patch is None else patch)
+        loss.num_epochs = int(cfg.OPTIMIZER.num_epochs)
 
     def __init__(self, teacher_momentum: float = 0.996, warmup_teacher_temp: float = 0.04,
                  teacher_temp: float = 0.04, warmup_teacher_patch_temp: float = 0.04,
@@ -120,10 +157,10 @@ class IBOTLoss(TeacherCollapseMonitor, MomentumTargetLoss):
     def temperatures(self):
         """(class, patch) teacher temperatures of the current step."""
         epoch = self.epoch()
-        return (warmup_value(self.warmup_teacher_temp, self.teacher_temp, self.warmup_epochs,
-                             epoch),
-                warmup_value(self.warmup_teacher_patch_temp, self.teacher_patch_temp,
-                             self.warmup_epochs, epoch - self.mim_start_epoch))
+        return (linear_warmup(self.warmup_teacher_temp, self.teacher_temp, self.warmup_epochs,
+                              epoch),
+                linear_warmup(self.warmup_teacher_patch_temp, self.teacher_patch_temp,
+                              self.warmup_epochs, epoch - self.mim_start_epoch))
 
     # ------------------------------------------------------------------ the loss
     def forward(self, output, target: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -144,10 +181,10 @@ class IBOTLoss(TeacherCollapseMonitor, MomentumTargetLoss):
                 f"{tuple(teacher_patch.shape)}) and masks {tuple(target.shape)} disagree with "
                 f"num_global_crops={globals_} and {self.num_crops} crops")
         temp, patch_temp = self.temperatures()
-        targets = F.softmax((teacher_cls - self.center) / temp, dim=-1)
+        targets = centered_targets(teacher_cls, self.center, temp)
         log_probs = F.log_softmax(student_cls / self.student_temp, dim=-1)
         cls_loss = cross_crop_entropy(targets, log_probs, globals_, self.num_crops).sum()
-        patch_targets = F.softmax((teacher_patch - self.center2) / patch_temp, dim=-1)
+        patch_targets = centered_targets(teacher_patch, self.center2, patch_temp)
         patch_log_probs = F.log_softmax(student_patch / self.student_temp, dim=-1)
         per_patch = -(patch_targets * patch_log_probs).sum(dim=-1)  # [G*B, L]
         per_image = (per_patch * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)

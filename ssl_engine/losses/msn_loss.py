@@ -22,11 +22,14 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ssl_engine.losses.dino_loss import DINOLoss, crop_rows, without_stochastic_depth
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.sinkhorn import distributed_sinkhorn
-from ssl_engine.losses.statistics import entropy_fraction
+from ssl_engine.losses.teacher_student import (
+    TeacherCollapseMonitor,
+    first_crops,
+    without_stochastic_depth,
+)
 from ssl_engine.models.trunks.msn_patch_drop import disable_patch_drop
 from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import all_reduce_sum, all_reduce_sum_with_grad
@@ -55,7 +58,7 @@ def mean_entropy_penalty(probabilities: torch.Tensor) -> torch.Tensor:
 
 
 @register_loss("msn_loss")
-class MSNLoss(MomentumTargetLoss):
+class MSNLoss(TeacherCollapseMonitor, MomentumTargetLoss):
     """The model gives ``msn_head``'s cosines for all ``num_crops * B`` rows, crop-major (rows
     ``c*B .. c*B+B-1`` are crop ``c``; ``multicrop_collator`` puts the large crops first).  The
     target network gets crop 0's rows of the input and runs without patch drop and stochastic
@@ -65,8 +68,9 @@ class MSNLoss(MomentumTargetLoss):
 
     batch_coupling = ("its mean-entropy term (and Sinkhorn-Knopp) use the batch's mean "
                       "prediction")
-    monitor_embedding = False  # prototype scores: the monitor reads the targets instead
-    collapse_warning = staticmethod(DINOLoss.collapse_warning)
+
+    crops_key = "num_crops"
+    output_dim_head_key = "num_prototypes"
 
     def __init__(self, momentum: float = 0.996, temperature: float = 0.1,
                  output_dim: int = 1024, num_crops: int = 2,
@@ -117,7 +121,8 @@ class MSNLoss(MomentumTargetLoss):
         self.target_network.heads[-1].return_query = True
 
     def target_input(self, batch):
-        return crop_rows(batch["input"], [0], self.num_crops, "LOSS.msn_loss.num_crops")
+        return first_crops(batch["input"], self.num_crops, 1, "LOSS.msn_loss.num_crops",
+                           single=True)
 
     def run_target(self, inputs, task) -> torch.Tensor:
         """The target view's cosines with the student's prototypes."""
@@ -145,11 +150,5 @@ class MSNLoss(MomentumTargetLoss):
         terms = {"cross_entropy": cross_entropy}
         if self.me_max_weight > 0:
             terms["me_max"] = self.me_max_weight * mean_entropy_penalty(log_probs.exp())
-        self._last_statistics = {
-            "teacher_entropy": entropy_fraction(targets),
-            "teacher_mean_entropy": entropy_fraction(targets.mean(dim=0, keepdim=True)),
-        }
+        self._statistics(targets)
         return total_of(self, terms)
-
-    def collapse_statistics(self):
-        return self._last_statistics

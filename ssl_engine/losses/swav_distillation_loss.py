@@ -15,9 +15,10 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ssl_engine.losses.distillation import Inputs, TeacherLoss, first_crops
+from ssl_engine.losses.distillation import TeacherLoss
 from ssl_engine.losses.outputs import as_output_list, total_of
 from ssl_engine.losses.sinkhorn import distributed_sinkhorn
+from ssl_engine.losses.teacher_student import Inputs, first_crops
 from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
 
@@ -26,6 +27,7 @@ from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_si
 class SwAVDistillationLoss(TeacherLoss):
     batch_coupling = "its Sinkhorn-Knopp assignments are balanced over the batch"
     monitor_embedding = False
+    crops_key = "num_crops"
 
     def __init__(self, temperature: float = 0.1, use_double_precision: bool = False,
                  num_iters: int = 3, epsilon: float = 0.03, num_crops: int = 6,
@@ -59,7 +61,8 @@ class SwAVDistillationLoss(TeacherLoss):
 
     # ------------------------------------------------------------------ the teacher
     def teacher_input(self, inputs: Inputs) -> Inputs:
-        return first_crops(inputs, self.num_crops, self.teacher_crops)
+        return first_crops(inputs, self.num_crops, self.teacher_crops,
+                           "LOSS.swav_distillation_loss.num_crops")
 
     def set_teacher_output(self, outputs, teacher) -> None:
         outputs = as_output_list(outputs)

@@ -1,0 +1,218 @@
+"""Losses and trunks derive their own settings (``derive_config``): the config layer names none
+of them and imports neither, a loss registered by a user derives its keys with no change to the
+config layer, and the shipped quickstart and test configs get every derived setting."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import ssl_engine.losses  # noqa: F401  (registers the losses' derivations)
+import ssl_engine.models  # noqa: F401  (registers the trunks' derivations and FSDP names)
+from ssl_engine.config import ConfigError, compose_config
+from ssl_engine.config.derive import crops_per_sample, derive_settings
+from ssl_engine.losses import SSLLoss
+from ssl_engine.models.registry import MODEL_TRUNKS
+from ssl_engine.utils.classy import LOSS_REGISTRY
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_PACKAGE = REPO / "ssl_engine" / "config"
+
+
+def config_sources():
+    return sorted(CONFIG_PACKAGE.rglob("*.py"))
+
+
+# VISSL's published keys that the engine drops or refuses: data about VISSL's files (key paths
+# of the schema's LOSS.<name> sections among them), checked at validation, not derivations
+VISSL_KEY_TABLES = {"IGNORED_KEYS", "UNSUPPORTED_KEYS", "UNSUPPORTED_NAMES"}
+
+
+def table_lines(tree) -> set:
+    """The lines of the module-level assignments of ``VISSL_KEY_TABLES``."""
+    lines = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id in VISSL_KEY_TABLES for t in targets):
+            lines |= set(range(node.lineno, node.end_lineno + 1))
+    return lines
+
+
+def component_names_in(path: Path, names):
+    text = path.read_text()
+    skipped = table_lines(ast.parse(text))
+    found = []
+    for name in names:
+        for match in re.finditer(rf"(?<![\w]){re.escape(name)}(?![\w])", text):
+            line = text[:match.start()].count("\n") + 1
+            if line not in skipped:
+                found.append(f"{path.name}:{line}: {name}")
+    return found
+
+
+def test_the_config_layer_names_no_loss_or_trunk(tmp_path):
+    names = sorted(set(LOSS_REGISTRY) | set(MODEL_TRUNKS.names()))
+    assert {"dino_loss", "swav_loss", "regnet", "vision_transformer"} <= set(names)
+    found = [hit for path in config_sources() for hit in component_names_in(path, names)]
+    assert not found, found
+    assert sum(len(table_lines(ast.parse(path.read_text()))) > 0
+               for path in config_sources()) == 2  # ignored_keys.py, unsupported.py
+    sample = tmp_path / "sample.py"  # the search finds a name outside the tables
+    sample.write_text('IGNORED_KEYS = {"LOSS.swav_loss.x": 1}\nKEYS = {"swav_loss": "num_crops"}\n')
+    assert component_names_in(sample, names) == ["sample.py:2: swav_loss"]
+
+
+def imported_modules(path: Path):
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: inside ssl_engine.config
+                base = ".".join(["ssl_engine", "config"][:3 - node.level] + [base]).strip(".")
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_the_config_layer_imports_no_loss_or_model(tmp_path):
+    wrong = sorted(f"{path.name} imports {module}" for path in config_sources()
+                   for module in imported_modules(path)
+                   if module.startswith(("ssl_engine.losses", "ssl_engine.models")))
+    assert not wrong, wrong
+    source = tmp_path / "sample.py"  # the reader sees the imports it must refuse
+    source.write_text("import os\ndef f():\n"
+                      "    from ssl_engine.models.trunks.regnet import clear_parameters\n")
+    assert "ssl_engine.models.trunks.regnet" in imported_modules(source)
+
+
+class DoublesTheBatch(SSLLoss):
+    """A user's loss whose ``doubled_batch`` is derived from the training batch size."""
+
+    @classmethod
+    def derive_config(cls, cfg) -> None:
+        super().derive_config(cfg)
+        settings = cfg.LOSS.setdefault(cfg.LOSS.name, {})
+        settings["doubled_batch"] = 2 * cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA
+
+    def forward(self, output, target=None):
+        raise NotImplementedError
+
+
+def test_a_user_loss_derives_its_own_key(monkeypatch):
+    monkeypatch.setitem(LOSS_REGISTRY, "doubles_the_batch_loss", DoublesTheBatch)
+    _, cfg = compose_config(["config=test/quick_simclr_synthetic",
+                             "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=6",
+                             "config.LOSS.name=doubles_the_batch_loss"])
+    assert "doubles_the_batch_loss" not in cfg.LOSS
+    derive_settings(cfg)
+    assert cfg.LOSS.doubles_the_batch_loss.doubled_batch == 12
+    # a loss that declares nothing derives nothing
+    monkeypatch.setitem(LOSS_REGISTRY, "doubles_the_batch_loss", SSLLoss)
+    _, cfg = compose_config(["config=test/quick_simclr_synthetic",
+                             "config.LOSS.name=doubles_the_batch_loss"])
+    assert "doubles_the_batch_loss" not in derive_settings(cfg).LOSS
+
+
+SAMPLE = sorted(f"{path.parent.name}/{path.stem}" for folder in ("quickstart", "test")
+                for path in (REPO / "configs/config" / folder).glob("*.yaml"))
+# derived keys, set to a value no derivation gives, so that a lost derivation shows
+WRONG = {
+    "crops": 99, "output_dim": 7, "ibot": {"num_global_crops": 9, "num_local_crops": 9,
+                                           "out_dim": 7, "patch_out_dim": 7, "num_epochs": 999},
+    "patch_size": 99, "swav": ([7], 3),
+}
+
+
+def last_head(cfg):
+    return cfg.MODEL.HEAD.PARAMS[-1][1]
+
+
+def first(value):
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def poisoned(name):
+    """(overrides that set the sample's derived keys wrong, its loss name)."""
+    text = (REPO / f"configs/config/{name}.yaml").read_text()
+    loss = re.search(r"\n    name: (\w+)", text).group(1)
+    crops_key = getattr(LOSS_REGISTRY[loss], "crops_key", None)
+    overrides = [f"config.LOSS.{loss}.{crops_key}={WRONG['crops']}"] if crops_key else []
+    if loss in ("dino_loss", "msn_loss"):
+        overrides.append(f"config.LOSS.{loss}.output_dim={WRONG['output_dim']}")
+    if loss == "ibot_loss":
+        overrides += [f"config.LOSS.ibot_loss.{key}={value}"
+                      for key, value in WRONG["ibot"].items()]
+    if loss == "mae_loss":
+        overrides.append(f"config.LOSS.mae_loss.patch_size={WRONG['patch_size']}")
+    if loss == "swav_loss":
+        overrides += [f"config.LOSS.swav_loss.num_prototypes={WRONG['swav'][0]}",
+                      f"config.LOSS.swav_loss.embedding_dim={WRONG['swav'][1]}"]
+    return overrides, loss
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_shipped_samples_get_every_derived_setting(name):
+    overrides, loss = poisoned(name)
+    _, cfg = compose_config([f"config={name}", "config.MACHINE.DEVICE=cpu", *overrides])
+    derive_settings(cfg)
+    settings = cfg.LOSS[loss]
+    crops_key = getattr(LOSS_REGISTRY[loss], "crops_key", None)
+    checked = 0
+    if crops_key:
+        crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
+        assert crops > 1 and settings[crops_key] == crops
+        checked += 1
+    if loss == "dino_loss":
+        assert settings.output_dim == first(last_head(cfg)["num_clusters"])
+        checked += 1
+    if loss == "msn_loss":
+        assert settings.output_dim == first(last_head(cfg)["num_prototypes"])
+        masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
+        assert masking.NAME == "msn" and masking.PARAMS["seed"] == cfg.SEED_VALUE
+        checked += 2
+    if loss == "ibot_loss":
+        head, spec = last_head(cfg), cfg.DATA.TRAIN.TRANSFORMS
+        counts = next(t["num_crops"] for t in spec if t["name"] == "ImgPilToMultiCrop")
+        assert (settings.num_global_crops, settings.num_local_crops) == (counts[0],
+                                                                         sum(counts[1:]))
+        assert settings.out_dim == head["out_dim"] and settings.num_epochs == \
+            cfg.OPTIMIZER.num_epochs
+        assert settings.patch_out_dim == head.get("patch_out_dim", head["out_dim"])
+        checked += 3
+    if loss == "mae_loss":
+        assert settings.patch_size == cfg.MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE != 99
+        checked += 1
+    if loss == "swav_loss":
+        head = last_head(cfg)
+        if settings.queue.queue_length:  # the loss sizes its queue with its own settings
+            assert (list(settings.num_prototypes), settings.embedding_dim) == WRONG["swav"]
+        else:
+            assert list(settings.num_prototypes) == list(head["num_clusters"])
+            assert settings.embedding_dim == head["dims"][-1]
+        checked += 1
+    if LOSS_REGISTRY[loss].sample_index_targets if hasattr(LOSS_REGISTRY[loss],
+                                                            "sample_index_targets") else False:
+        assert cfg.DATA.TRAIN.LABEL_TYPE == "sample_index"
+        _, wrong = compose_config([f"config={name}", "config.MACHINE.DEVICE=cpu",
+                                   "config.DATA.TRAIN.LABEL_TYPE=standard"])
+        with pytest.raises(ConfigError, match="LABEL_TYPE=sample_index"):
+            derive_settings(wrong)
+        checked += 1
+    derives = {"dino_loss", "msn_loss", "ibot_loss", "mae_loss", "swav_loss",
+               "swav_momentum_loss", "swav_distillation_loss", "deepclusterv2_loss",
+               "multicrop_simclr_info_nce_loss", "nce_loss_with_memory"}
+    assert (checked > 0) == (loss in derives), (loss, checked)
+
+
+def test_a_regnet_preset_clears_the_parameters_beside_it_under_its_fsdp_name_too():
+    for trunk in ("regnet", "regnet_fsdp"):
+        _, cfg = compose_config(["config=test/quick_simclr_synthetic",
+                                 f"config.MODEL.TRUNK.NAME={trunk}",
+                                 "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf",
+                                 "config.MODEL.TRUNK.REGNET.depth=99"])
+        assert cfg.MODEL.TRUNK.REGNET.depth == 99
+        derive_settings(cfg)
+        assert cfg.MODEL.TRUNK.REGNET.name == "regnet_y_400mf"
+        assert cfg.MODEL.TRUNK.REGNET.depth is None, trunk
