@@ -1,7 +1,7 @@
 """A run killed for lack of memory says so in one line: under a memory cgroup with a limit,
 a train step that grows past it is ended by the kernel's out-of-memory killer (SIGKILL, as
 ``kill -9``), with 1 process (the launcher itself is killed: its watcher reports) and with 2
-(the launcher reports the rank). A rank killed otherwise is not said to have run out of
+(the launcher reports the rank). A run killed otherwise is not said to have run out of
 memory. Skipped where no memory cgroup can be made (not root, no cgroup file system)."""
 import os
 import subprocess
@@ -105,13 +105,11 @@ def test_a_rank_killed_for_lack_of_memory_says_so(memory_cgroup, tmp_path):
         assert f"{record['rss_bytes'] / 2**30:.2f} GiB" in line
 
 
-def test_a_rank_killed_otherwise_is_not_said_to_have_run_out_of_memory(memory_cgroup,
-                                                                        tmp_path):
-    env = {"plugin": "plugins.kill_step",
-           "vars": {"SSL_ENGINE_TEST_KILL_AT": "2", "SSL_ENGINE_TEST_KILL_RANK": "1"}}
-    proc = run_in(memory_cgroup, tmp_path, "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
-                  "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
-                  "config.TRAINER.TRAIN_STEP_NAME=kill_after_iteration", env=env)
-    assert proc.returncode == 1
-    assert "error: process 1 terminated with signal SIGKILL" in proc.stderr
-    assert "memory" not in proc.stderr
+def test_a_run_killed_otherwise_is_not_said_to_have_run_out_of_memory(memory_cgroup, tmp_path):
+    """1 process killed by ``kill -9`` under the same limit: the watcher finds no record of an
+    out-of-memory kill and says nothing (the launcher's own check reads the same evidence)."""
+    env = {"plugin": "plugins.kill_step", "vars": {"SSL_ENGINE_TEST_KILL_AT": "2"}}
+    proc = run_in(memory_cgroup, tmp_path, "config.TRAINER.TRAIN_STEP_NAME=kill_after_iteration",
+                  env=env)
+    assert proc.returncode in (-9, 137)
+    assert "memory" not in proc.stderr and "error:" not in proc.stderr, proc.stderr
