@@ -106,7 +106,8 @@ def test_resume_mid_epoch_gives_the_remaining_batches():
     cfg = simclr_cfg()
     dataset = build_dataset(cfg, "TRAIN")
     full = batches_of(build_dataloader(dataset, cfg.DATA.TRAIN, 0, False, epoch=1, seed=5))
-    resumed = build_dataloader(dataset, cfg.DATA.TRAIN, 0, False, epoch=1, start_iter=3, seed=5)
+    resumed = build_dataloader(dataset, cfg.DATA.TRAIN, 0, False, epoch=1, seed=5,  # 3 batches
+                               start_sample=3 * cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
     assert len(resumed) == 1
     assert_same_batches(full[3:], batches_of(resumed))
     next_epoch = batches_of(build_dataloader(dataset, cfg.DATA.TRAIN, 0, False, epoch=2, seed=5))

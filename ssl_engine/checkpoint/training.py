@@ -1,6 +1,8 @@
 """The checkpoints of a training run: what one holds (written by ``CheckpointHook``, read back
 by ``SelfSupervisionTask.prepare`` on a resume) and the check, before launch, that the file a
 run starts from loads (``check_train_config`` of the ``train`` engine)."""
+from typing import Any, Dict, Optional
+
 import torch.distributed as dist
 
 from ssl_engine.checkpoint.formats import (is_vissl_checkpoint, model_state_from_vissl,
@@ -49,13 +51,13 @@ def save_task_checkpoint(task, folder: str, filename: str, kind: str,
         save_checkpoint(folder, filename, state)
 
 
-def check_resume_files(cfg) -> None:
+def check_resume_files(cfg) -> Optional[Dict[str, Any]]:
     """The file the run will start from loads: the latest checkpoint of CHECKPOINT.DIR when
     AUTO_RESUME finds one (a checkpoint of this engine, or one of VISSL whose trunk keys are
     in VISSL's layout of the config's trunk), else MODEL.WEIGHTS_INIT.PARAMS_FILE. A checkpoint
     of this engine must be a run of the config's loss, trunk, model shapes and task (DDP or
     FSDP): ``check_resume_match``. The tensors are mapped, not read: this costs little even
-    for large files."""
+    for large files. Returns the (mapped) checkpoint the run resumes from, or None."""
     if cfg.CHECKPOINT.AUTO_RESUME:
         checkpoint = load_latest_checkpoint(cfg.CHECKPOINT.DIR, mmap=True)
         if checkpoint is not None:
@@ -68,5 +70,6 @@ def check_resume_files(cfg) -> None:
                 model_state_from_vissl(model_state_of(checkpoint), prefix)
             else:
                 check_resume_match(cfg, checkpoint)
-            return  # a resumed run does not read WEIGHTS_INIT
+            return checkpoint  # a resumed run does not read WEIGHTS_INIT
     check_weights_file(cfg.MODEL.WEIGHTS_INIT)
+    return None

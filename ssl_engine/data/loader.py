@@ -28,16 +28,14 @@ def build_dataloader(
     num_workers: int,
     pin_memory: bool,
     epoch: int,
-    start_iter: int = 0,
-    seed: int = 0,
     start_sample: int = 0,
+    seed: int = 0,
     shuffle: bool = True,
     persistent: bool = False,
 ) -> DataLoader:
-    """A loader over this rank's share of ``dataset`` for ``epoch``, starting at batch
-    ``start_iter`` of this world and batch size, or after the first ``start_sample`` samples
-    of the epoch's global order (data/sampler.py). ``split_cfg`` is cfg.DATA.TRAIN or
-    cfg.DATA.TEST.
+    """A loader over this rank's share of ``dataset`` for ``epoch``, starting after the first
+    ``start_sample`` samples of the epoch's global order (data/sampler.py). ``split_cfg`` is
+    cfg.DATA.TRAIN or cfg.DATA.TEST.
 
     The loader has its own generator (seeded with ``seed + epoch``), so creating its iterator does
     not draw from the caller's global random state.  With ``persistent`` (and workers), the
@@ -58,7 +56,7 @@ def build_dataloader(
         with_epoch=persistent,
     )
     sampler.set_epoch(epoch)
-    sampler.set_start_sample(start_sample) if start_sample else sampler.set_start_iter(start_iter)
+    sampler.set_start_sample(start_sample)
     return DataLoader(
         dataset,
         batch_size=split_cfg.BATCHSIZE_PER_REPLICA,

@@ -2,8 +2,7 @@
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from ssl_engine.checkpoint import (check_latest_pointer, check_resume_files, list_checkpoints,
-                                   load_latest_checkpoint)
+from ssl_engine.checkpoint import check_latest_pointer, check_resume_files, list_checkpoints
 from ssl_engine.config import ConfigError
 from ssl_engine.data import check_data_paths
 from ssl_engine.data.paths import check_full_batch
@@ -76,11 +75,8 @@ def check_train_config(cfg) -> None:
             "config.CHECKPOINT.AUTO_RESUME=true to continue that run, "
             "config.CHECKPOINT.OVERWRITE_EXISTING=true to start over, or pick another DIR"
         )
-    check_resume_files(cfg)
-    if cfg.CHECKPOINT.AUTO_RESUME:  # a shortened run already at its end trains nothing
-        check_resume_schedule(cfg, load_latest_checkpoint(folder, mmap=True))
-    else:
-        check_resume_schedule(cfg, None)
+    # a shortened run already at its end trains nothing
+    check_resume_schedule(cfg, check_resume_files(cfg))
 
 
 @register_engine("train", check_before_launch=check_train_config, stops_on_signal=True)

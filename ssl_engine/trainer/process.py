@@ -63,7 +63,7 @@ def _set_parent_death_signal(signum: int) -> None:
 
 
 def _watch_launcher(pid: int, start: Optional[int], local_rank: int) -> None:
-    wait_for(pid, alive=lambda: process_alive(pid, start))  # the launcher, not a later pid
+    wait_for(pid, start)  # the launcher, not a later process given its pid
     _end_orphan(pid, local_rank)
 
 

@@ -8,36 +8,27 @@ import select
 import signal
 import threading
 import time
-from typing import Callable, Optional
+from typing import Optional
+
+from ssl_engine.utils.run_lock import process_alive
 
 POLL_S = 0.5  # how often ``pid`` is looked at where it cannot be waited on (no pidfd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-def wait_for(pid: int, alive: Optional[Callable[[], bool]] = None) -> None:
-    """Return once process ``pid`` has ended: waits on a pidfd, or polls ``alive()`` (default:
-    the pid exists) where there is none. ``alive`` also tells, before the wait, whether the
-    pid is still the process meant (not a later one that reuses it)."""
-    alive = alive or (lambda: _alive(pid))
+def wait_for(pid: int, start: Optional[int] = None) -> None:
+    """Return once process ``pid`` (the one started at ``start`` when given, not a later one
+    that reuses its pid: ``run_lock.process_start``) has ended: waits on a pidfd, or polls
+    where there is none."""
     try:
         handle = os.pidfd_open(pid)
     except ProcessLookupError:
         return
     except (AttributeError, OSError):  # no pidfd (another system, an old kernel): poll
-        while alive():
+        while process_alive(pid, start):
             time.sleep(POLL_S)
         return
     try:
-        if alive():
+        if process_alive(pid, start):
             select.select([handle], [], [])  # readable once ``pid`` has ended
     finally:
         os.close(handle)
