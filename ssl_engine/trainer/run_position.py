@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional
 
 from ssl_engine.config import ConfigError
+from ssl_engine.data.sampler import StatefulDistributedSampler
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,9 @@ class RunSettings:
         """Batches of each process in one epoch."""
         if not self.epoch_samples or not self.batch_size:
             return 0
-        per_rank = (self.epoch_samples // self.world_size if self.drop_last else
-                    -(-self.epoch_samples // self.world_size))
+        per_rank = StatefulDistributedSampler(self.epoch_samples, self.batch_size,
+                                              drop_last=self.drop_last, rank=0,
+                                              world_size=self.world_size).num_samples
         return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
 
     def updates_per_epoch(self) -> int:
