@@ -15,7 +15,6 @@ from ssl_engine.config import ConfigError, load_config
 from ssl_engine.engines.prelaunch import check_before_launch
 from ssl_engine.hooks import SSLHook, register_hook
 from ssl_engine.hooks.mlflow_hook import MlflowHook
-from ssl_engine.hooks.trackers import MetricsRows
 from ssl_engine.hooks.wandb_hook import WandbHook
 from ssl_engine.utils.distributed import is_primary
 
@@ -181,24 +180,6 @@ def test_wandb_offline_logs_metrics_json_config_and_files(tracked_run):
     resumed.on_start(SimpleNamespace(resume_position=(1, 0)))
     assert resumed.run.id == run_id
     resumed.on_end(SimpleNamespace())
-
-
-def test_metrics_rows_are_read_once_and_whole(tmp_path):
-    path = tmp_path / "metrics.json"
-    path.write_text('{"phase": "train", "iteration": 2, "loss": 1.5, "loss_terms": {"a": 1}}\n'
-                    '{"knn": {"top1": 50.0, "layer": "res5", "train_phase_idx": 0}}\n'
-                    '{"phase_end": "train", "iteration": 4, "loss_avg": 1.25, "meters": {}}\n'
-                    '{"phase": "train", "iter')
-    rows = MetricsRows(str(tmp_path))
-    assert rows.new_scalars() == [(2, {"train/loss": 1.5, "train/loss_terms/a": 1.0}),
-                                  (2, {"knn/top1": 50.0}), (4, {"train_phase/loss_avg": 1.25})]
-    assert rows.new_scalars() == []
-    with open(path, "a") as handle:  # the half-written line is read once it is whole
-        handle.write('ation": 6, "loss": 1.0, "lr": null}\n')
-    assert rows.new_scalars() == [(6, {"train/loss": 1.0})]
-    resumed = MetricsRows(str(tmp_path))
-    resumed.skip_existing()
-    assert resumed.new_scalars() == []
 
 
 @pytest.mark.parametrize("package, key", [("mlflow", "MLFLOW"), ("wandb", "WANDB")])

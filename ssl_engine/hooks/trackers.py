@@ -26,7 +26,6 @@ from ssl_engine.utils.errors import ConfigError
 from ssl_engine.utils.metrics_store import MetricsWriter, Record
 
 logger = logging.getLogger(__name__)
-from ssl_engine.utils.io import json_objects
 
 # Row keys that place a row (its step, its phase), not values to plot.
 POSITION_KEYS = ("phase", "phase_end", "phase_type", "scope", "phase_idx", "train_phase_idx",
@@ -80,44 +79,6 @@ def tracker_scalars(row: dict) -> Dict[str, float]:
     out: Dict[str, float] = {}
     _flatten(prefix, row, out)
     return out
-
-
-class MetricsRows:
-    """The rows appended to ``<folder>/metrics.json`` since the last read, from the first row
-    (for tools that follow a run's file); ``skip_existing`` to start after the rows already
-    there."""
-
-    def __init__(self, folder: str):
-        self.path = Path(folder) / "metrics.json"
-        self.offset = 0
-        self.step = 0  # the iteration of the last row that had one
-
-    def skip_existing(self) -> None:
-        self.offset = self.path.stat().st_size if self.path.is_file() else 0
-
-    def new_rows(self) -> List[dict]:
-        """The complete lines written since the last call, parsed (a line that is not a JSON
-        object is skipped)."""
-        if not self.path.is_file() or self.path.stat().st_size == self.offset:
-            return []
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data[:data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        return json_objects(complete.decode().splitlines())
-
-    def new_scalars(self) -> List[tuple]:
-        """(step, scalars) of every new row; a row without an iteration (the k-NN's) takes
-        that of the row before it."""
-        out = []
-        for row in self.new_rows():
-            if isinstance(row.get("iteration"), int):
-                self.step = row["iteration"]
-            scalars = tracker_scalars(row)
-            if scalars:
-                out.append((self.step, scalars))
-        return out
 
 
 def report_files(folder: str) -> List[Path]:
