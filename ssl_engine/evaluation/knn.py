@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ssl_engine.utils.progress import Progress
+
 ArrayLike = Union[np.ndarray, torch.Tensor]
 
 
@@ -71,6 +73,7 @@ def knn_predict(
     train = F.normalize(train.to(device), dim=1)
     labels = labels.to(device)
     predictions = []
+    progress = Progress("k-NN", test.shape[0], unit="queries")  # a line every 10 s at most
     for start in range(0, test.shape[0], chunk_size):
         chunk = F.normalize(test[start:start + chunk_size].to(device), dim=1)
         similarity = chunk @ train.T  # [chunk, N]
@@ -84,6 +87,7 @@ def knn_predict(
         scores.scatter_add_(1, labels[top_idx], weights)
         order = torch.sort(scores, dim=1, descending=True, stable=True).indices
         predictions.append(order[:, :ranked].cpu())
+        progress.update(chunk.shape[0])
     if not predictions:
         return torch.empty(0, ranked, dtype=torch.long)
     return torch.cat(predictions)

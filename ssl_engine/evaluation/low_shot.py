@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from ssl_engine.evaluation.knn import ArrayLike, as_tensor, knn_predict, topk_accuracies
+from ssl_engine.utils.progress import Progress
 
 
 def sample_low_shot(train_labels: ArrayLike, shot: int, seed: int) -> np.ndarray:
@@ -42,6 +43,7 @@ def low_shot_eval(
     test_labels = as_tensor(test_labels, torch.long)
     num_classes = int(torch.cat([labels, test_labels]).max()) + 1
     results = {}
+    progress = Progress("low-shot k-NN", len(shots) * len(seeds), unit="trials")
     for shot in shots:
         per_seed = []
         for seed in seeds:
@@ -49,6 +51,7 @@ def low_shot_eval(
             ranked = knn_predict(train[picked], labels[picked], test_features, topk=k,
                                  sigma=None, num_classes=num_classes, num_ranked=1)
             per_seed.append(topk_accuracies(ranked, test_labels)["top1"])
+            progress.update()
         results[int(shot)] = {"mean": float(np.mean(per_seed)), "std": float(np.std(per_seed)),
                               "per_seed": per_seed}
     return results

@@ -31,6 +31,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from ssl_engine.utils.average_precision import ABSENT, IGNORED, PRESENT, average_precision
+from ssl_engine.utils.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -308,11 +309,12 @@ def svm_eval(
                 list(settings.costs), *train_x.shape)
 
     results, test_scores = [], []
-    for step, cls in enumerate(classes, 1):
-        logger.info("class %d (%d/%d)", cls, step, len(classes))
+    progress = Progress("training SVMs", len(classes), unit="classes")  # every 10 s at most
+    for cls in classes:
         result = train_class(train_x, train_y[:, cls], cls, settings, store)
         results.append(result)
         test_scores.append(result.model.decision(test_x))
+        progress.update()
     test_ap = [average_precision(s, test_y[:, c], no_positives=NO_POSITIVE_AP)
                for s, c in zip(test_scores, classes)]
     test_ap_interp = [average_precision(s, test_y[:, c], no_positives=NO_POSITIVE_AP,

@@ -38,6 +38,7 @@ from ssl_engine.utils.cpu_budget import loader_workers
 from ssl_engine.utils.distributed import (broadcast_object, get_rank, get_world_size,
                                           is_distributed)
 from ssl_engine.utils.io import writable_folder_error
+from ssl_engine.utils.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +85,14 @@ def extract_split(features_fn: Callable, batches, layers: Sequence[str], folder:
     rank, world = get_rank(), get_world_size()
     writer = RankWriter(folder, split, layers, rank, num_rows, paths)
     start = time.perf_counter()
+    # a large folder takes hours: a line with the ETA at most every 10 s, as training logs
+    progress = Progress(f"extracting {split.lower()}" + (f" on rank {rank}" if world > 1 else ""),
+                        num_rows)
     try:
         for features, targets, inds in feature_batches(features_fn, batches, device):
             check_finite(features, inds, split)
             writer.append(features, targets, inds)
+            progress.update(len(inds))
         writer.close()
     except BaseException:
         # a dead loader worker is reported by torch's SIGCHLD handler, which can raise again
