@@ -1,24 +1,115 @@
-"""Compose a run's config with Hydra: defaults.yaml + ``config=<group>/<name>`` + overrides."""
+"""Compose a run's config with Hydra: defaults.yaml + ``config=<group>/<name>`` + overrides.
+
+Where configs are found, first match wins:
+
+- the engine's ``configs/`` folder (``config_dir()``);
+- the folders of ``$SSL_ENGINE_CONFIG_PATH`` (separated by ``os.pathsep``) and of Hydra's
+  ``hydra.searchpath=[...]`` override: each is a root like ``configs/``, holding
+  ``config/<name>.yaml``, so a user keeps their configs in their own folder and their
+  ``defaults:`` lists can name the engine's configs (``- /config/quickstart/simclr_digits``);
+- ``config=<path to a .yaml file>`` anywhere on disk: the file is read and offered to Hydra
+  as an option of the ``config`` group, exactly as if it sat in ``configs/config/``.
+"""
 import copy
 import functools
+import hashlib
 import os
+import sys
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from ssl_engine.utils.errors import ConfigError
 
 _PRIMARY_NAME = "ssl_engine_defaults"
+SEARCH_PATH_ENV = "SSL_ENGINE_CONFIG_PATH"
+_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def installed_data_dir() -> Path:
+    """Where a non-editable install puts the checkout's ``configs/`` and ``tools/``
+    (setup.py's ``data_files``): ``<sys.prefix>/share/ssl_engine``."""
+    return Path(sys.prefix) / "share" / "ssl_engine"
 
 
 def config_dir() -> Path:
-    """The ``configs/`` folder: ``$SSL_ENGINE_CONFIG_DIR`` or the one beside the package."""
+    """The ``configs/`` folder: ``$SSL_ENGINE_CONFIG_DIR``, else the one beside the package
+    (a checkout, an editable install), else the installed copy (``installed_data_dir()``)."""
     env = os.environ.get("SSL_ENGINE_CONFIG_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+    beside = Path(__file__).resolve().parents[2] / "configs"
+    if env:
+        path = Path(env)
+    else:
+        installed = installed_data_dir() / "configs"
+        path = installed if not beside.is_dir() and installed.is_dir() else beside
     if not (path / "config" / "defaults.yaml").is_file():
         raise ConfigError(f"no config/defaults.yaml under the config folder {path}")
     return path
+
+
+def user_config_roots() -> List[Path]:
+    """The folders of ``$SSL_ENGINE_CONFIG_PATH``; each must hold a ``config/`` folder."""
+    roots = [Path(entry).expanduser().resolve()
+             for entry in os.environ.get(SEARCH_PATH_ENV, "").split(os.pathsep) if entry]
+    for root in roots:
+        if not (root / "config").is_dir():
+            raise ConfigError(f"{SEARCH_PATH_ENV} names {root}, which has no config/ folder: "
+                              f"put your configs in {root / 'config'}/<name>.yaml and choose "
+                              "them with config=<name>")
+    return roots
+
+
+def config_file(value: str) -> Optional[Path]:
+    """The YAML file that ``config=<value>`` names, or None when ``value`` is a config name
+    (``group/name``). A value ending in .yaml/.yml that is a file (from the current folder)
+    is a file; one that is not, but is a config name with its suffix, is that name; any
+    other path-like value (absolute, ``./``, ``~``, a .yaml suffix) must be a file."""
+    path = Path(value).expanduser()
+    looks_like_path = value.endswith(_FILE_SUFFIXES) or value.startswith(("/", ".", "~"))
+    if not looks_like_path:
+        return None
+    if path.is_file():
+        return path.resolve()
+    if value.endswith(_FILE_SUFFIXES) and not path.is_absolute() and any(
+            (root / "config" / value).is_file() for root in _search_roots()):
+        return None  # quickstart/simclr_digits.yaml: the config of that name
+    raise ConfigError(f"config={value}: no such file {path.resolve()}")
+
+
+def _search_roots() -> List[Path]:
+    return [config_dir(), *user_config_roots()]
+
+
+def _package_header(text: str) -> Optional[str]:
+    """The ``# @package <name>`` of a YAML file's leading comments, as Hydra reads it."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            return None
+        if line.startswith("#") and line[1:].strip().startswith("@package"):
+            return line[1:].strip()[len("@package"):].strip() or None
+    return None
+
+
+def _store_config_file(path: Path) -> str:
+    """Offer the YAML file ``path`` to Hydra as an option of the ``config`` group (with its
+    own ``# @package`` header and ``defaults:`` list); return the option's name."""
+    from hydra.core.config_store import ConfigStore
+
+    text = path.read_text()
+    try:
+        node = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
+    except Exception as err:  # noqa: BLE001  (any YAML error, in one line)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"config={path}: not a readable YAML file: {first}") from None
+    if not isinstance(node, dict):
+        raise ConfigError(f"config={path}: the file must hold a mapping of keys, got "
+                          f"{type(node).__name__}")
+    name = "file_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    ConfigStore.instance().store(group="config", name=name, node=node,
+                                 package=_package_header(text), provider=str(path))
+    return name
 
 
 def load_defaults() -> dict:
@@ -33,12 +124,24 @@ def _parsed_yaml(text: str) -> dict:
 
 
 def _hydra_overrides(overrides: Sequence[str]) -> List[str]:
-    """``config=<name>`` appends a config group to the defaults list in Hydra's grammar."""
-    out = []
+    """``config=<name>`` appends a config group to the defaults list in Hydra's grammar;
+    ``config=<file>`` chooses the file stored for it; the folders of $SSL_ENGINE_CONFIG_PATH
+    join (before) those of a ``hydra.searchpath=[...]`` override."""
+    out, searchpath = [], [f"file://{root}" for root in user_config_roots()]
     for item in overrides:
+        if item.startswith("config="):
+            path = config_file(item.split("=", 1)[1])
+            item = f"config={_store_config_file(path)}" if path else item
         if item.startswith("config=") or item.startswith("config/"):
             item = "+" + item
+        if item.startswith("hydra.searchpath="):
+            listed = item.split("=", 1)[1].strip()
+            listed = listed[1:-1] if listed.startswith("[") and listed.endswith("]") else listed
+            searchpath += [entry.strip() for entry in listed.split(",") if entry.strip()]
+            continue
         out.append(item)
+    if searchpath:
+        out.append(f"hydra.searchpath=[{','.join(searchpath)}]")
     return out
 
 
@@ -62,7 +165,9 @@ def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         message = " ".join(lines[:2]) if lines else type(err).__name__
         if "Could not find" in str(err) or "Could not load" in str(err):
-            message = f"{message}. Configs live in {config_dir() / 'config'}"
+            folders = ", ".join(str(root / "config") for root in _search_roots())
+            message = (f"{message}. Configs live in {folders} (more folders: "
+                       f"{SEARCH_PATH_ENV} or hydra.searchpath; a file: config=<path>.yaml)")
         raise ConfigError(message) from None
     OmegaConf.set_struct(cfg, False)
     cfg.pop("defaults", None)
@@ -103,12 +208,16 @@ def _defaults_cycle(start: str, group: str) -> List[Path]:
     """The files of a cycle of ``defaults:`` lists reached from config ``start`` (e.g.
     ``config/pretrain/x``, chosen in group ``config``), the first file repeated at the end;
     empty if none is found."""
-    root = config_dir()
+    roots = _search_roots()
+
+    def file_of(name: str) -> Path:
+        return next((root / f"{name}.yaml" for root in roots
+                     if (root / f"{name}.yaml").is_file()), roots[0] / f"{name}.yaml")
 
     def visit(name: str, name_group: str, trail: List[str]) -> List[str]:
         if name in trail:
             return trail[trail.index(name):] + [name]
-        path = root / f"{name}.yaml"
+        path = file_of(name)
         if not path.is_file():
             return []
         for child, child_group in _defaults_entries(path, name_group):
@@ -117,7 +226,7 @@ def _defaults_cycle(start: str, group: str) -> List[Path]:
                 return cycle
         return []
 
-    return [root / f"{name}.yaml" for name in visit(start, group, [])]
+    return [file_of(name) for name in visit(start, group, [])]
 
 
 def _recursion_message(overrides: Sequence[str]) -> str:
