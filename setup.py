@@ -1,5 +1,21 @@
 """ssl_engine: a self-supervised learning engine for images."""
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+
+def repository_folders(*names):
+    """data_files for the repository's configs/ and tools/, which live beside the package:
+    a regular (non-editable) install copies them to <prefix>/share/ssl_engine/<name>/, where
+    ssl_engine/utils/install_paths.py finds them (an editable install reads the checkout's)."""
+    files = {}
+    for name in names:
+        for path in sorted(Path(name).rglob("*")):
+            if path.is_file() and path.suffix in (".yaml", ".json", ".py"):
+                files.setdefault(f"share/ssl_engine/{path.parent.as_posix()}", []).append(
+                    path.as_posix())
+    return sorted(files.items())
+
 
 setup(
     name="ssl_engine",
@@ -8,6 +24,10 @@ setup(
     "configured with Hydra, distributed with torch.distributed",
     python_requires=">=3.9",
     packages=find_packages(include=["ssl_engine", "ssl_engine.*"]),
+    # one command, `ssl-engine <subcommand>` (train, extract, evaluate, report, compare,
+    # export), instead of a script path that only exists in a checkout
+    entry_points={"console_scripts": ["ssl-engine=ssl_engine.cli:main"]},
+    data_files=repository_folders("configs", "tools"),
     install_requires=[
         "torch>=2.0",
         "torchvision>=0.15",

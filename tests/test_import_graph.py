@@ -159,6 +159,7 @@ LAYERS = (
     ("trainer",),
     ("extraction",),
     ("engines",),
+    ("cli",),  # the ssl-engine command (ssl_engine/cli.py): runs the engines and tools
 )
 MAX_FUNCTION_LEVEL_IMPORTS = 3  # classy_vision's trunks, loaded only when one is used
 LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}
@@ -175,7 +176,7 @@ def test_every_package_has_a_layer():
 
 def test_no_module_imports_a_higher_layer():
     """utils < data, models, meters < optimizers, evaluation, checkpoint, report < config < hooks
-    < losses < trainer < extraction < engines: a lower layer never imports a higher one, so
+    < losses < trainer < extraction < engines < cli: a lower layer never imports a higher one, so
     each layer can be read, tested and reused without what is built on top of it."""
     upward = sorted(f"{name} imports {dep}" for name, deps in import_graph().items()
                     if package_of(name) for dep in deps

@@ -14,35 +14,29 @@ import copy
 import functools
 import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from ssl_engine.utils.errors import ConfigError
+from ssl_engine.utils.install_paths import REPOSITORY, data_folder, installed_folder
 
 _PRIMARY_NAME = "ssl_engine_defaults"
 SEARCH_PATH_ENV = "SSL_ENGINE_CONFIG_PATH"
 _FILE_SUFFIXES = (".yaml", ".yml")
 
 
-def installed_data_dir() -> Path:
-    """Where a non-editable install puts the checkout's ``configs/`` and ``tools/``
-    (setup.py's ``data_files``): ``<sys.prefix>/share/ssl_engine``."""
-    return Path(sys.prefix) / "share" / "ssl_engine"
-
-
 def config_dir() -> Path:
     """The ``configs/`` folder: ``$SSL_ENGINE_CONFIG_DIR``, else the one beside the package
-    (a checkout, an editable install), else the installed copy (``installed_data_dir()``)."""
+    (a checkout, an editable install), else the copy a regular install made
+    (``utils/install_paths.py``)."""
     env = os.environ.get("SSL_ENGINE_CONFIG_DIR")
-    beside = Path(__file__).resolve().parents[2] / "configs"
-    if env:
-        path = Path(env)
-    else:
-        installed = installed_data_dir() / "configs"
-        path = installed if not beside.is_dir() and installed.is_dir() else beside
+    path = Path(env) if env else data_folder("configs")
+    if path is None:
+        raise ConfigError(f"no configs/ folder beside the package ({REPOSITORY / 'configs'}) "
+                          f"nor installed ({installed_folder('configs')}): reinstall, or set "
+                          "SSL_ENGINE_CONFIG_DIR to a copy of the repository's configs/")
     if not (path / "config" / "defaults.yaml").is_file():
         raise ConfigError(f"no config/defaults.yaml under the config folder {path}")
     return path
