@@ -133,6 +133,33 @@ def model_key_to_vissl(key: str, prefix: str = FEATURE_BLOCKS) -> str:
     return key
 
 
+# ------------------------------------------------------------------ VISSL's ViT
+# VISSL's vision_transformer trunk holds timm's ViT layers at its top level, two of them under
+# other names; the trunk here holds timm's ViT as ``vit``. (VISSL's LayerNorms have torch's
+# default eps 1e-5, timm's 1e-6: the weights are the same, the features differ by that.)
+VISSL_VIT_NAMES = {"class_token": "cls_token", "pos_embedding": "pos_embed"}
+
+
+def vit_trunk_from_vissl(trunk: Mapping[str, torch.Tensor]) -> StateDict:
+    """VISSL's ViT trunk keys (``class_token``, ``blocks.0.attn.qkv.weight``) as the
+    vision_transformer trunk's (``vit.cls_token``, ``vit.blocks.0.attn.qkv.weight``)."""
+    return {f"vit.{VISSL_VIT_NAMES.get(k, k)}": v for k, v in trunk.items()}
+
+
+def vit_trunk_to_vissl(trunk: Mapping[str, torch.Tensor]) -> StateDict:
+    """The inverse of ``vit_trunk_from_vissl`` (keys outside ``vit.``, such as iBOT's
+    ``mask_token``, which VISSL's ViT has not, are left out)."""
+    back = {v: k for k, v in VISSL_VIT_NAMES.items()}
+    return {back.get(k[4:], k[4:]): v for k, v in trunk.items() if k.startswith("vit.")}
+
+
+def is_vissl_vit_trunk(trunk: Mapping[str, Any]) -> bool:
+    """Whether a trunk state is VISSL's ViT: its class token and position embedding under
+    VISSL's names and no key of timm's ``vit.`` module."""
+    return all(k in trunk for k in VISSL_VIT_NAMES) and not any(
+        k.startswith("vit.") for k in trunk)
+
+
 # ------------------------------------------------------------------ whole model states
 def is_vissl_model_state(model_state: Mapping[str, Any], prefix: str = FEATURE_BLOCKS) -> bool:
     """Whether ``{trunk, heads}`` holds a trunk key that only VISSL's names have (under
@@ -271,4 +298,8 @@ def load_vissl_model_weights(model: torch.nn.Module, checkpoint: Mapping[str, An
     """Copy a VISSL checkpoint's trunk and heads into ``model`` (a BaseSSLMultiInputOutputModel
     of the same architecture); any missing, extra or reshaped key raises ValueError naming it."""
     state = model_state_from_vissl(model_state_of(checkpoint), model_key_prefix(model))
+    trunk = getattr(model, "trunk", None)
+    # the ViT (VISSL_KEY_PREFIX None: timm's names) renames VISSL's ViT keys instead
+    if getattr(type(trunk), "VISSL_KEY_PREFIX", "") is None and is_vissl_vit_trunk(state["trunk"]):
+        state["trunk"] = vit_trunk_from_vissl(state["trunk"])
     model.set_classy_state({"model": state})

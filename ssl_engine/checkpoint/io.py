@@ -245,6 +245,8 @@ def load_checkpoint(path: Path, mmap: bool = False) -> Dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.suffix == ".safetensors":  # tensors only by design: nothing to refuse
+        return _load_safetensors(path)
     try:
         with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
             state = torch.load(path, map_location="cpu", weights_only=True,
@@ -257,6 +259,16 @@ def load_checkpoint(path: Path, mmap: bool = False) -> Dict[str, Any]:
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} does not hold a dict (got {type(state).__name__})")
     return state
+
+
+def _load_safetensors(path: Path) -> Dict[str, Any]:
+    """A ``.safetensors`` file (``tools/export_model.py``'s format) as a state dict."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as err:  # safetensors raises its own error for a damaged header
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({_reason(err)})") from err
 
 
 def _sort_key(path: Path):

@@ -22,6 +22,7 @@ from torch import nn
 from ssl_engine.checkpoint.formats import (FEATURE_BLOCKS, model_key_from_vissl, model_key_prefix,
                                           model_key_to_vissl)
 from ssl_engine.checkpoint.io import load_checkpoint
+from ssl_engine.checkpoint.layouts import adapt_to_model
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +230,10 @@ def load_weights_init(model: nn.Module, weights_cfg: Mapping[str, Any]) -> Weigh
     if not weights_cfg.get("PARAMS_FILE"):
         raise WeightsInitError(f"{WHERE}.PARAMS_FILE is empty: nothing to load")
     prefix = model_key_prefix(model)
-    state = read_state(weights_cfg, vissl_prefix=prefix)
+    state, layout = adapt_to_model(read_state(weights_cfg, vissl_prefix=prefix), model)
+    if layout:  # a timm, torchvision or VISSL ViT file, named from its keys
+        logger.info("%s: %s is in the %s layout: read as the trunk's keys", WHERE,
+                    weights_cfg.get("PARAMS_FILE"), layout)
     skip_layers = [str(s) for s in weights_cfg.get("SKIP_LAYERS") or [] if str(s)]
     targets = model.state_dict()
     report = WeightsInitReport(str(weights_cfg.get("PARAMS_FILE")))
