@@ -45,6 +45,8 @@ OVERRIDES = [
 
 
 def config(num_samples: int, folder: str, procs: int = 1):
+    import ssl_engine.losses  # noqa: F401  (the losses' derived settings and key rules)
+    import ssl_engine.models  # noqa: F401  (the trunks')
     from ssl_engine.config import load_config
 
     _, cfg = load_config(OVERRIDES + [f"config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES={num_samples}",

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import ssl_engine.losses  # noqa: F401  (the losses' derived settings and key rules)
+import ssl_engine.models  # noqa: F401  (the trunks')
 from ssl_engine.config import load_config
 from ssl_engine.report import comparison_figure, comparison_table, read_run_folder, save_figure
 

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+import ssl_engine.losses  # noqa: F401  (the losses' derived settings and key rules)
 from ssl_engine.config import load_config
 from ssl_engine.models import build_model
 

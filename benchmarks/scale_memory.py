@@ -67,6 +67,7 @@ def ranks_main(rank: int, world: int, port: int, args, results) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.nn.parallel import DistributedDataParallel
 
+    import ssl_engine.losses  # noqa: F401  (the losses' derived settings and key rules)
     from ssl_engine.config import load_config
     from ssl_engine.models import build_model
     from ssl_engine.optimizers import build_optimizer
@@ -101,6 +102,7 @@ def checkpointing_peak(use: bool, args) -> int:
     """Peak resident bytes of one step above the bytes before it, in a fresh process."""
     code = f"""
 import json, threading, time, torch
+import ssl_engine.losses  # the losses' derived settings and key rules
 from ssl_engine.config import load_config
 from ssl_engine.models import build_model
 torch.set_num_threads(2)

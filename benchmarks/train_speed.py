@@ -140,6 +140,8 @@ def run_bare(args, name: str):
 
 def quickstart_steps() -> tuple:
     """(images per step, steps per epoch) of the SimCLR quickstart, from its config and data."""
+    import ssl_engine.losses  # noqa: F401  (the losses' derived settings and key rules)
+    import ssl_engine.models  # noqa: F401  (the trunks')
     from ssl_engine.config import load_config
     from ssl_engine.data import build_dataset
 

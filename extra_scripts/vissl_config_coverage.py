@@ -171,6 +171,8 @@ def main(argv=None) -> int:
 
 def measure(args, overrides) -> int:
     """Compose and check every file of ``args.tree`` with ``overrides``; print the table."""
+    import ssl_engine.losses  # noqa: F401  (the losses' derived settings and key rules)
+    import ssl_engine.models  # noqa: F401  (the trunks')
     from ssl_engine.config import AttrDict, ConfigError, compose_config
     from ssl_engine.config.compose import load_defaults
     from ssl_engine.config.validate import validate_config

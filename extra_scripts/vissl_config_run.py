@@ -174,6 +174,8 @@ def run_one(tree: str, name: str, hydra_args, batch: int, overrides, memory_gb: 
 
     import torch
 
+    import ssl_engine.losses  # noqa: F401  (the losses' derived settings and key rules)
+    import ssl_engine.models  # noqa: F401  (the trunks')
     from ssl_engine.config import AttrDict
     from ssl_engine.config.compose import load_defaults
     from ssl_engine.config.derive import derive_settings

@@ -3,6 +3,8 @@ of them and imports neither, a loss registered by a user derives its keys with n
 config layer, and the shipped quickstart and test configs get every derived setting."""
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from ssl_engine.config import ConfigError, compose_config
 from ssl_engine.config.derive import crops_per_sample, derive_settings
 from ssl_engine.losses import SSLLoss
 from ssl_engine.models.registry import MODEL_TRUNKS
+from ssl_engine.utils import key_rules
 from ssl_engine.utils.classy import LOSS_REGISTRY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,31 +26,15 @@ def config_sources():
     return sorted(CONFIG_PACKAGE.rglob("*.py"))
 
 
-# VISSL's published keys that the engine drops or refuses: data about VISSL's files (key paths
-# of the schema's LOSS.<name> sections among them), checked at validation, not derivations
-VISSL_KEY_TABLES = {"IGNORED_KEYS", "UNSUPPORTED_KEYS", "UNSUPPORTED_NAMES"}
-
-
-def table_lines(tree) -> set:
-    """The lines of the module-level assignments of ``VISSL_KEY_TABLES``."""
-    lines = set()
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else \
-            [node.target] if isinstance(node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id in VISSL_KEY_TABLES for t in targets):
-            lines |= set(range(node.lineno, node.end_lineno + 1))
-    return lines
-
-
 def component_names_in(path: Path, names):
+    """Every place in ``path``'s text (code, strings, comments) where a name of ``names``
+    stands as a word, in any case ("DINO_LOSS" counts as dino_loss)."""
     text = path.read_text()
-    skipped = table_lines(ast.parse(text))
     found = []
     for name in names:
-        for match in re.finditer(rf"(?<![\w]){re.escape(name)}(?![\w])", text):
-            line = text[:match.start()].count("\n") + 1
-            if line not in skipped:
-                found.append(f"{path.name}:{line}: {name}")
+        for match in re.finditer(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", text,
+                                 re.IGNORECASE):
+            found.append(f"{path.name}:{text[:match.start()].count(chr(10)) + 1}: {name}")
     return found
 
 
@@ -56,11 +43,47 @@ def test_the_config_layer_names_no_loss_or_trunk(tmp_path):
     assert {"dino_loss", "swav_loss", "regnet", "vision_transformer"} <= set(names)
     found = [hit for path in config_sources() for hit in component_names_in(path, names)]
     assert not found, found
-    assert sum(len(table_lines(ast.parse(path.read_text()))) > 0
-               for path in config_sources()) == 2  # ignored_keys.py, unsupported.py
-    sample = tmp_path / "sample.py"  # the search finds a name outside the tables
-    sample.write_text('IGNORED_KEYS = {"LOSS.swav_loss.x": 1}\nKEYS = {"swav_loss": "num_crops"}\n')
-    assert component_names_in(sample, names) == ["sample.py:2: swav_loss"]
+    sample = tmp_path / "sample.py"  # the search finds a name in a key path, in any case
+    sample.write_text('KEYS = {"config.LOSS.swav_loss.x": 1}\n# the XCIT trunk\nRESNETS = 2\n')
+    assert component_names_in(sample, names) == ["sample.py:1: swav_loss", "sample.py:2: xcit"]
+
+
+def test_components_declare_their_own_vissl_keys():
+    """The key rules that name a component come from the component's module."""
+    from ssl_engine.config.ignored_keys import drop_ignored_keys
+    from ssl_engine.config.unsupported import unsupported_keys, unsupported_names
+    from ssl_engine.config.validate import validate_config
+    from ssl_engine.config.compose import load_defaults
+
+    assert "config.LOSS.dino_loss.normalize_last_layer" in key_rules.ignored_keys()
+    assert "config.MODEL.TRUNK.CONVIT.QK_SCALE" in key_rules.ignored_keys()
+    assert "config.LOSS.cross_entropy_multiple_output_single_target.reduction" in \
+        unsupported_keys()
+    assert "CrossEntropyLoss" in unsupported_names()["config.LOSS.name"]
+    assert "config.MODEL.TRUNK.BEIT.INIT_VALUES" in key_rules.number_or_false_keys()
+    schema = load_defaults()
+    schema.pop("defaults", None)
+    cfg = {"config": {"LOSS": {"dino_loss": {"normalize_last_layer": True}},
+                      "MODEL": {"TRUNK": {"XCIT": {"ETA": 1e-5}}}}}
+    assert drop_ignored_keys(cfg, schema) == ["config.LOSS.dino_loss.normalize_last_layer"]
+    validate_config(cfg, schema)  # ETA: a number where the default is false
+    cfg["config"]["MODEL"]["TRUNK"]["XCIT"]["ETA"] = "small"
+    with pytest.raises(ConfigError, match="XCIT.ETA"):
+        validate_config(cfg, schema)
+    cfg = {"config": {"LOSS": {"name": "CrossEntropyLoss"}}}
+    with pytest.raises(ConfigError, match="use cross_entropy_multiple_output_single_target"):
+        validate_config(cfg, schema)
+
+
+def test_composing_before_the_components_are_imported_is_refused():
+    """A config composed before the losses and trunks register would miss their derived
+    settings and key rules: refused, naming the imports (a fresh process imports config only)."""
+    code = ("from ssl_engine.config import load_config\n"
+            "load_config(['config=quickstart/simclr_digits'])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode != 0
+    assert "import ssl_engine.losses and ssl_engine.models" in done.stderr.splitlines()[-1]
 
 
 def imported_modules(path: Path):

@@ -7,6 +7,7 @@ from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.config.compose import compose_hydra_configuration, config_dir, load_defaults
 from ssl_engine.config.derive import derive_settings, global_batch_size
 from ssl_engine.config.validate import validate_config, validate_overrides
+from ssl_engine.utils.derivations import require_components
 from ssl_engine.utils.errors import ConfigError
 
 __all__ = [
@@ -20,7 +21,9 @@ __all__ = [
 
 
 def compose_config(overrides: Sequence[str]) -> Tuple[str, AttrDict]:
-    """Compose and validate, without derived settings: (engine_name, cfg under ``config``)."""
+    """Compose and validate, without derived settings: (engine_name, cfg under ``config``).
+    The losses and trunks must be imported first (their key rules count in validation)."""
+    require_components()
     schema = load_defaults()
     schema.pop("defaults", None)
     validate_overrides(overrides, schema)

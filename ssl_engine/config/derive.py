@@ -3,7 +3,6 @@ import logging
 import os
 
 from ssl_engine.config.attr_dict import AttrDict
-from ssl_engine.config.masked_modeling import derive_collator_keys
 from ssl_engine.config.validate import get_dotted
 from ssl_engine.data.catalog import resolve_dataset_names
 from ssl_engine.optimizers import apply_auto_lr_scaling
@@ -239,8 +238,7 @@ def derive_settings(cfg: AttrDict, reads_data: bool = True) -> AttrDict:
         resolve_dataset_names(cfg, split)
     _check_phases(cfg, reads_data)
     _check_ema_model(cfg)
-    run_config_derivations(cfg)  # the loss's and the trunk's own (their derive_config)
-    derive_collator_keys(cfg)
+    run_config_derivations(cfg)  # the components' own: the loss's, the trunk's, a collator's
     _warn_lars_only_settings(cfg)
     _derive_meter_settings(cfg)
     _derive_extraction_splits(cfg)

@@ -4,7 +4,9 @@ Every key of VISSL's defaults.yaml is a key of configs/config/defaults.yaml. A k
 ``UNSUPPORTED_KEYS`` takes only its default (and the values named with ``also``): any other
 value, from a config file or the command line, is refused before launch with the reason given
 here. ``UNSUPPORTED_NAMES`` does the same for component names VISSL knows (trunks, losses,
-meters) that the engine has not got.
+meters) that the engine has not got. A component's own keys and names are declared by the
+component (``ssl_engine.utils.key_rules``); ``unsupported_keys`` and ``unsupported_names`` give
+both together.
 
 Settings that act only through a refused switch or name are not listed (the sampler settings
 under STRATIFIED_SAMPLER besides ENABLED, the settings of a loss the engine has not got ...): a
@@ -14,12 +16,10 @@ Patterns: ``*`` stands for one part of the dotted path (``config.DATA.*.MMAP_MOD
 key of TRAIN and of TEST); a pattern naming a section refuses any change inside it, naming the
 changed key. To implement a feature, delete its entries.
 """
-from typing import Any, Dict, NamedTuple, Tuple, Union
+from typing import Any, Dict, Union
 
-
-class Refusal(NamedTuple):
-    reason: str
-    accepted: Tuple[Any, ...] = ()  # values accepted besides the default
+from ssl_engine.utils import key_rules
+from ssl_engine.utils.key_rules import Refusal
 
 
 def also(reason: str, *values: Any) -> Refusal:
@@ -82,9 +82,6 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
         "crops of one size always go through together",
     "config.DISTILLATION.TEACHER_MODEL.FSDP_CONFIG":
         "the teacher is not sharded: every process holds it whole",
-    # LOSS
-    "config.LOSS.cross_entropy_multiple_output_single_target.reduction":
-        "the loss is always the batch mean",
     # OPTIMIZER
     "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type":
         "the lr is scaled linearly with the batch",
@@ -128,12 +125,23 @@ UNSUPPORTED_KEYS: Dict[str, Union[str, Refusal]] = {
 }
 
 UNSUPPORTED_NAMES: Dict[str, Dict[str, str]] = {
-    "config.LOSS.name": {
-        "CrossEntropyLoss": "use cross_entropy_multiple_output_single_target (the same loss "
-                            "for one output)",
-    },
     **{f"config.DATA.*.{key}": {
         name: f"{name} is an image store internal to VISSL's authors; give the images as "
               "disk_folder or disk_filelist (DATA_PATHS, or a dataset catalog entry)"
         for name in ("everstore", "airstore")} for key in ("DATA_SOURCES", "LABEL_SOURCES")},
 }
+
+
+def unsupported_keys() -> Dict[str, Refusal]:
+    """The table above and the keys the imported components refuse, as ``Refusal``s."""
+    table = {path: entry if isinstance(entry, Refusal) else Refusal(entry)
+             for path, entry in UNSUPPORTED_KEYS.items()}
+    return {**table, **key_rules.refused_keys()}
+
+
+def unsupported_names() -> Dict[str, Dict[str, str]]:
+    """The names above and those the imported components refuse, by key."""
+    names = {key: dict(table) for key, table in UNSUPPORTED_NAMES.items()}
+    for key, table in key_rules.refused_names().items():
+        names.setdefault(key, {}).update(table)
+    return names

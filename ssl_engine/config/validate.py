@@ -12,8 +12,9 @@ from typing import Any, Iterator, List, Sequence, Tuple
 from ssl_engine.config.gpu_settings import adapt_gpu_settings
 from ssl_engine.config.ignored_keys import drop_ignored_keys
 from ssl_engine.config.legacy_keys import move_legacy_keys
-from ssl_engine.config.unsupported import UNSUPPORTED_KEYS, UNSUPPORTED_NAMES, Refusal
+from ssl_engine.config.unsupported import unsupported_keys, unsupported_names
 from ssl_engine.utils.errors import ConfigError
+from ssl_engine.utils.key_rules import number_or_false_keys
 from ssl_engine.utils.registry import closest_name
 
 # Sections with a non-empty default whose children are free as well.
@@ -24,12 +25,8 @@ _OPEN = re.compile("|".join(fnmatch.translate(p) for p in OPEN_SUBTREES))
 INT_OR_AUTO = ("config.DATA.NUM_DATALOADER_WORKERS",)
 # Keys that take a number or the word "inf" (VISSL's NORM_TYPE of clipping: inf is the max-norm).
 NUMBER_OR_INF = ("config.MODEL.GRAD_CLIP.NORM_TYPE",)
-# Keys whose default false means "off" and that take a number otherwise (a string such as
-# "1e-5", which YAML 1.1 reads as a string, as well).
-NUMBER_OR_FALSE = ("config.MODEL.TRUNK.BEIT.INIT_VALUES", "config.MODEL.TRUNK.BEIT.QK_SCALE",
-                   "config.MODEL.TRUNK.XCIT.ETA", "config.MODEL.TRUNK.XCIT.QK_SCALE",
-                   "config.MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE",
-                   "config.MODEL.TRUNK.SWIN_TRANSFORMER.QK_SCALE")
+# Keys whose default false means "off" and that take a number otherwise: declared by the
+# components they configure (utils/key_rules.py, ``accept_number_or_false``).
 # Keys that take a string or an int (a count that VISSL's configs write either way).
 STR_OR_INT = ("config.DISTRIBUTED.NCCL_SOCKET_NTHREADS",)
 # Keys that take a number or a list of numbers (VISSL's low-shot LAMBDA: one, or several tried).
@@ -180,13 +177,12 @@ def _first_change(path: str, value: Any, default: Any) -> Tuple[str, Any]:
 
 def check_unsupported(cfg: dict, schema: dict) -> None:
     """Refuse VISSL settings the engine does not implement (the defaults are accepted)."""
-    for key, names in UNSUPPORTED_NAMES.items():
+    for key, names in unsupported_names().items():
         for path, value in _matches(key, cfg):
             for name in value if isinstance(value, list) else [value]:
                 if isinstance(name, str) and name in names:
                     raise ConfigError(f"{path}={name} is not supported: {names[name]}")
-    for pattern, entry in UNSUPPORTED_KEYS.items():
-        refusal = entry if isinstance(entry, Refusal) else Refusal(entry)
+    for pattern, refusal in unsupported_keys().items():
         for path, value in _matches(pattern, cfg):
             try:
                 default = get_dotted(schema, path)
@@ -203,7 +199,7 @@ def _check_value(path: str, default: Any, value: Any) -> None:
         return
     if path in NUMBER_OR_INF and value == "inf":
         return
-    if path in NUMBER_OR_FALSE and _is_number(value):
+    if path in number_or_false_keys() and _is_number(value):
         return
     if path in STR_OR_INT and _kind(value) in ("str", "int"):
         return

@@ -7,7 +7,13 @@ import torch.nn.functional as F
 from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import as_output_list
 from ssl_engine.utils.classy import register_loss
+from ssl_engine.utils.key_rules import refuse_key, refuse_name
 
+
+refuse_key("config.LOSS.cross_entropy_multiple_output_single_target.reduction",
+           "the loss is always the batch mean")
+refuse_name("config.LOSS.name", "CrossEntropyLoss",
+            "use cross_entropy_multiple_output_single_target (the same loss for one output)")
 
 @register_loss("cross_entropy_multiple_output_single_target")
 class CrossEntropyMultipleOutputSingleTargetLoss(SSLLoss):

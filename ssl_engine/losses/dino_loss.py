@@ -42,7 +42,12 @@ from ssl_engine.losses.teacher_student import (
     without_stochastic_depth,
 )
 from ssl_engine.utils.classy import register_loss
+from ssl_engine.utils.key_rules import NEVER_READ, ignore_published_key
 
+
+ignore_published_key("config.LOSS.dino_loss.normalize_last_layer",
+                     f"{NEVER_READ}: dino_loss has no such setting (DINO's last layer is "
+                     "weight-normalised by dino_head)")
 
 @register_loss("dino_loss")
 class DINOLoss(TeacherCollapseMonitor, MomentumTargetLoss):

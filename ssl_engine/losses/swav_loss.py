@@ -20,6 +20,7 @@ from ssl_engine.losses.sinkhorn import distributed_sinkhorn
 from ssl_engine.losses.statistics import COLLAPSED_ENTROPY, entropy_fraction
 from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
+from ssl_engine.utils.key_rules import NEVER_READ, ignore_published_key
 
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ def _prototypes_from_head(loss, head_params, name: str) -> None:
                            value, value)
             loss[key] = value
 
+
+ignore_published_key("config.LOSS.swav_loss.shk_powerlaw",
+                     f"{NEVER_READ}: swav_loss has no such setting")
 
 @register_loss("swav_loss")
 class SwAVLoss(SSLLoss):

@@ -6,6 +6,10 @@ component up in its own registry and lets it fill its settings; the ViT's maskin
 a section every config has).  The config's own
 derivations (``derive_settings``, config/derive.py) run them, so the config layer names no
 component and a new one touches its own files only.
+
+The same imports declare the components' own key rules (utils/key_rules.py), which validation
+reads.  A config composed before the losses and the trunks are imported would silently miss
+both: ``require_components`` refuses that instead.
 """
 from typing import Any, Callable, Dict, List
 
@@ -27,7 +31,24 @@ def registered_kinds() -> List[str]:
     return list(_DERIVATIONS)
 
 
+# the kinds every config names (a loss, a trunk), registered by ssl_engine.losses and
+# ssl_engine.models when they are imported
+REQUIRED_KINDS = ("loss", "trunk")
+
+
+def require_components() -> None:
+    """Raise a RuntimeError naming the packages to import when the losses or the trunks have
+    not registered their derivations yet."""
+    missing = [kind for kind in REQUIRED_KINDS if kind not in _DERIVATIONS]
+    if missing:
+        raise RuntimeError(
+            f"no {' and no '.join(missing)} is registered yet: import ssl_engine.losses and "
+            "ssl_engine.models before composing a config, so their settings and key rules "
+            "count (ssl_engine.engines.prelaunch.load_checked_config does)")
+
+
 def run_config_derivations(cfg) -> None:
     """Run every registered derivation on ``cfg``, in the order they were registered."""
+    require_components()
     for derive in list(_DERIVATIONS.values()):
         derive(cfg)

@@ -7,6 +7,7 @@ import torch
 from ssl_engine.data.collators.common import num_views, view_major, view_major_meta
 from ssl_engine.data.collators.multicrop import resolution_groups
 from ssl_engine.data.registry import register_collator
+from ssl_engine.utils.derivations import register_config_derivation
 
 GLOBAL, LOCAL, MASK, LABEL = "global_views", "local_views", "mask", "label"
 NAMES = (GLOBAL, LOCAL, MASK)
@@ -19,7 +20,28 @@ def _masks(samples, views) -> torch.Tensor:
     return torch.stack([sample["mask"][v] for v in views for sample in samples])
 
 
-@register_collator("ibot_multicrop_masking_collator")
+COLLATOR_NAME = "ibot_multicrop_masking_collator"
+
+
+def derive_collator_keys(cfg) -> None:
+    """The collator's input and target names, filled in before launch from each split's
+    INPUT_KEY_NAMES and TARGET_KEY_NAMES (as VISSL auto-completes them), unless given in
+    COLLATE_FUNCTION_PARAMS."""
+    for split in ("TRAIN", "TEST"):
+        split_cfg = cfg.DATA[split]
+        if split_cfg.COLLATE_FUNCTION != COLLATOR_NAME:
+            continue
+        params = dict(split_cfg.COLLATE_FUNCTION_PARAMS or {})
+        if list(split_cfg.INPUT_KEY_NAMES) != ["data"]:  # "data": the default, not set
+            params.setdefault("input_keys", list(split_cfg.INPUT_KEY_NAMES))
+        params.setdefault("target_keys", list(split_cfg.TARGET_KEY_NAMES))
+        split_cfg.COLLATE_FUNCTION_PARAMS = params
+
+
+register_config_derivation("masking_collator", derive_collator_keys)
+
+
+@register_collator(COLLATOR_NAME)
 def multicrop_masking_collator(samples, input_keys: Sequence[str] = NAMES,
                                target_keys: Sequence[str] = (MASK,)):
     """Views grouped by resolution, as multicrop_collator: the first group is

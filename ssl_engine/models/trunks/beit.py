@@ -54,6 +54,7 @@ from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import Mlp, init_linear_and_norms
+from ssl_engine.utils.key_rules import accept_number_or_false
 
 CONFIG = "config.MODEL.TRUNK.BEIT"
 NORM_EPS = 1e-6
@@ -238,6 +239,8 @@ def _blocks_read(key: str, num_layers: int) -> List[int]:
     count = int(key[len("concatCLS"):])
     return list(range(num_layers - count, num_layers))
 
+
+accept_number_or_false("config.MODEL.TRUNK.BEIT.INIT_VALUES", "config.MODEL.TRUNK.BEIT.QK_SCALE")
 
 @register_model_trunk("beit")
 class BEiTTrunk(StagedTrunk):

@@ -58,6 +58,7 @@ from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import OnGrid, init_linear_and_norms, run_blocks
+from ssl_engine.utils.key_rules import NEVER_READ, ignore_published_key
 
 VIT = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 CONVIT = "config.MODEL.TRUNK.CONVIT"
@@ -232,6 +233,13 @@ def check_convit_config(model_cfg) -> None:
         raise ValueError(f"{CONVIT}.LOCALITY_DIM must be at least 1, got {cfg.LOCALITY_DIM!r}")
     checkpointing_splits(model_cfg)
 
+
+ignore_published_key("config.MODEL.TRUNK.VISION_TRANSFORMERS.CONVIT",
+                     f"{NEVER_READ}: ConViT is the convit trunk, set by MODEL.TRUNK.CONVIT")
+for _key in ("QKV_BIAS", "QK_SCALE"):
+    ignore_published_key(f"config.MODEL.TRUNK.CONVIT.{_key}",
+                         f"{NEVER_READ}: the convit trunk reads "
+                         f"MODEL.TRUNK.VISION_TRANSFORMERS.{_key}")
 
 @register_model_trunk("convit")
 class ConViTTrunk(StagedTrunk):

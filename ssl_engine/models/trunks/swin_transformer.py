@@ -50,6 +50,7 @@ from ssl_engine.models.activation_checkpointing import checkpointed_segments, ch
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import Mlp, config_number, init_linear_and_norms
+from ssl_engine.utils.key_rules import accept_number_or_false
 
 CONFIG = "config.MODEL.TRUNK.SWIN_TRANSFORMER"
 INIT_STD = 0.02
@@ -276,6 +277,8 @@ def check_swin_config(model_cfg) -> None:
         raise ValueError(f"{CONFIG}.QK_SCALE={cfg.QK_SCALE!r} must be false or > 0")
     checkpointing_splits(model_cfg)
 
+
+accept_number_or_false("config.MODEL.TRUNK.SWIN_TRANSFORMER.QK_SCALE")
 
 @register_model_trunk("swin_transformer")
 class SwinTransformerTrunk(StagedTrunk):

@@ -51,6 +51,7 @@ from ssl_engine.models.trunks.conv_stem import conv_stem
 from ssl_engine.models.trunks.base import StagedTrunk
 from ssl_engine.models.trunks.msn_patch_drop import msn_patch_drop
 from ssl_engine.utils.derivations import register_config_derivation
+from ssl_engine.utils.key_rules import accept_number_or_false
 
 CONFIG = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
 # VISION_TRANSFORMERS.name -> (PATCH_SIZE, NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM); the
@@ -144,6 +145,8 @@ def seed_msn_patch_drop(cfg) -> None:
 
 register_config_derivation("vision_transformer_masking", seed_msn_patch_drop)
 
+
+accept_number_or_false("config.MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE")
 
 @register_model_trunk("vision_transformer")
 class VisionTransformerTrunk(StagedTrunk):

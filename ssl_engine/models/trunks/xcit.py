@@ -58,6 +58,7 @@ from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
 from ssl_engine.models.trunks.transformer_parts import (Mlp, OnGrid, config_number,
                                                        init_linear_and_norms, run_blocks)
+from ssl_engine.utils.key_rules import accept_number_or_false
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +266,8 @@ def check_xcit_config(model_cfg) -> None:
         raise ValueError(f"{CONFIG}.QK_SCALE={cfg.QK_SCALE!r} must be false or > 0")
     checkpointing_splits(model_cfg)
 
+
+accept_number_or_false("config.MODEL.TRUNK.XCIT.ETA", "config.MODEL.TRUNK.XCIT.QK_SCALE")
 
 @register_model_trunk("xcit")
 class XCiTTrunk(StagedTrunk):
