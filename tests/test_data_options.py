@@ -1,5 +1,6 @@
 """VISSL's data options: DATA_LIMIT_SAMPLING, MMAP_MODE, the torchvision_dataset source, the
 dataset catalog, COPY_TO_LOCAL_DISK and the unreadable-image policy."""
+import gzip
 import json
 import logging
 import os
@@ -194,9 +195,46 @@ def test_stl10_and_mnist_binary_files(tmp_path):
     assert np.array_equal(test[1][0], np.stack([grey[1]] * 3, axis=-1))
 
 
+def write_idx(path, array):
+    """An IDX file of unsigned bytes, gzipped when ``path`` ends in .gz."""
+    header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(
+        n.to_bytes(4, "big") for n in array.shape)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_gzipped_in_the_root_or_unpacked_in_torchvisions_folder(tmp_path):
+    """Debian's layout (the .gz files in the root) and torchvision's (FashionMNIST/raw,
+    unpacked) both read; the grey images come out RGB, the labels in file order."""
+    rng = np.random.default_rng(2)
+    grey = rng.integers(0, 256, size=(3, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "train-images-idx3-ubyte.gz", grey)
+    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.array([9, 0, 4]))
+    train = read_all(build_dataset(torchvision_cfg("TRAIN", "FASHION_MNIST", tmp_path), "TRAIN"))
+    assert [label for _, label in train] == [9, 0, 4]
+    assert all(np.array_equal(img, np.stack([grey[i]] * 3, axis=-1))
+               for i, (img, _) in enumerate(train))
+    raw = tmp_path / "other" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    write_idx(raw / "t10k-images-idx3-ubyte", grey[:2])
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.array([5, 6]))
+    test = read_all(build_dataset(torchvision_cfg("TEST", "FASHION_MNIST", tmp_path / "other"),
+                                  "TEST"))
+    assert [label for _, label in test] == [5, 6]
+    assert np.array_equal(test[1][0][..., 0], grey[1])
+    # a cut file is refused, naming it
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.array([5, 6]))
+    (raw / "t10k-images-idx3-ubyte").write_bytes(
+        (raw / "t10k-images-idx3-ubyte").read_bytes()[:-10])
+    with pytest.raises(ValueError, match="t10k-images-idx3-ubyte holds 1558 bytes .* cut"):
+        build_dataset(torchvision_cfg("TEST", "FASHION_MNIST", tmp_path / "other"), "TEST")
+
+
 def test_torchvision_dataset_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"DATASET_NAMES\[0\]='ImageNet': the torchvision_dataset "
-                                         "source reads one of CIFAR10, CIFAR100, STL10, MNIST"):
+                                         "source reads one of CIFAR10, CIFAR100, STL10, MNIST, "
+                                         "FASHION_MNIST"):
         check_data_paths(torchvision_cfg("TRAIN", "ImageNet", tmp_path), "TRAIN")
     missing = tmp_path / "cifar-10-batches-py" / "data_batch_1"
     with pytest.raises(FileNotFoundError, match=f"{missing} does not exist .*never downloaded"):

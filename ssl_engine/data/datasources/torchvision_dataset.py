@@ -1,9 +1,18 @@
-"""CIFAR-10, CIFAR-100, STL-10 and MNIST read from their official files under a local root.
+"""CIFAR-10, CIFAR-100, STL-10, MNIST and Fashion-MNIST read from their official files under a
+local root.
 
-The dataset is named by DATASET_NAMES (VISSL's names: CIFAR10, CIFAR100, STL10, MNIST); the
-root is the DATA_PATHS entry. TRAIN reads the training files, TEST the test files. Nothing is
+The dataset is named by DATASET_NAMES (VISSL's names: CIFAR10, CIFAR100, STL10, MNIST; and
+FASHION_MNIST); the root is the DATA_PATHS entry. TRAIN reads the training files, TEST the test
+files. The IDX files of MNIST and Fashion-MNIST are read as published (gzipped, ``.gz``) or
+unpacked, from torchvision's folder (``MNIST/raw``, ``FashionMNIST/raw``) or from the root itself
+(Debian's ``dataset-fashion-mnist`` puts them in /usr/share/datasets/fashion-mnist). Nothing is
 ever downloaded: a missing file is refused with its path.
+
+The grey images are held as one uint8 array [N, 28, 28] (an array, not a list of objects, so
+forked data-loading workers share its pages instead of copying them as they read) and made RGB
+per sample.
 """
+import gzip
 import os
 import pickle
 
@@ -21,8 +30,9 @@ _CIFAR = {
                  {"TRAIN": (["train"], "fine_labels"), "TEST": (["test"], "fine_labels")}),
 }
 _STL10 = ("stl10_binary", {"TRAIN": "train", "TEST": "test"})
-_MNIST = ("MNIST/raw", {"TRAIN": "train", "TEST": "t10k"})
-NAMES = ("CIFAR10", "CIFAR100", "STL10", "MNIST")
+_IDX_PREFIXES = {"TRAIN": "train", "TEST": "t10k"}
+_IDX_FOLDERS = {"MNIST": "MNIST/raw", "FASHION_MNIST": "FashionMNIST/raw"}
+NAMES = ("CIFAR10", "CIFAR100", "STL10", "MNIST", "FASHION_MNIST")
 
 
 def _need(path: str) -> str:
@@ -55,19 +65,35 @@ def _read_stl10(root: str, split: str):
 
 
 def _read_idx(path: str) -> np.ndarray:
-    """An IDX file of unsigned bytes (MNIST's format): magic, dimensions, data."""
-    with open(_need(path), "rb") as f:
+    """An IDX file of unsigned bytes (MNIST's format): magic, dimensions, data; gzipped when
+    its name ends in .gz."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(_need(path), "rb") as f:
         magic = int.from_bytes(f.read(4), "big")
+        if magic >> 8 != 0x08:  # two zero bytes, then 0x08: unsigned bytes
+            raise ValueError(f"{path} is not an IDX file of unsigned bytes (magic {magic:#x})")
         dims = [int.from_bytes(f.read(4), "big") for _ in range(magic % 256)]
-        return np.frombuffer(f.read(), dtype=np.uint8).reshape(dims)
+        data = np.frombuffer(f.read(), dtype=np.uint8)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"{path} holds {data.size} bytes of data, its header says "
+                         f"{'x'.join(map(str, dims))}: the file is cut or damaged")
+    return data.reshape(dims)
 
 
-def _read_mnist(root: str, split: str):
-    folder, prefixes = _MNIST
-    base = os.path.join(root, folder, prefixes[split])
-    grey = _read_idx(base + "-images-idx3-ubyte")
-    labels = _read_idx(base + "-labels-idx1-ubyte").astype(np.int64)
-    return np.repeat(grey[..., None], 3, axis=-1), labels
+def _idx_file(root: str, name: str, stem: str) -> str:
+    """The first of ``<root>/<torchvision folder>/<stem>``, ``<root>/<stem>``, each unpacked or
+    ``.gz``, that exists (the first candidate when none does, for the error)."""
+    candidates = [os.path.join(base, stem + ending)
+                  for base in (os.path.join(root, _IDX_FOLDERS[name]), root)
+                  for ending in ("", ".gz")]
+    return next((path for path in candidates if os.path.isfile(path)), candidates[0])
+
+
+def _read_idx_dataset(root: str, name: str, split: str):
+    prefix = _IDX_PREFIXES[split]
+    grey = _read_idx(_idx_file(root, name, f"{prefix}-images-idx3-ubyte"))
+    labels = _read_idx(_idx_file(root, name, f"{prefix}-labels-idx1-ubyte")).astype(np.int64)
+    return grey, labels
 
 
 def dataset_name(cfg, split: str, source_index: int) -> str:
@@ -96,7 +122,7 @@ class TorchvisionDatasetSource:
         elif name == "STL10":
             self.images, self.targets = _read_stl10(path, split)
         else:
-            self.images, self.targets = _read_mnist(path, split)
+            self.images, self.targets = _read_idx_dataset(path, name, split)
         if len(self.images) != len(self.targets):
             raise ValueError(f"{name} under {path}: {len(self.images)} images but "
                              f"{len(self.targets)} labels")
@@ -108,4 +134,5 @@ class TorchvisionDatasetSource:
         return self.targets
 
     def __getitem__(self, index: int):
-        return Image.fromarray(self.images[index]), int(self.targets[index])
+        image = Image.fromarray(self.images[index])
+        return image.convert("RGB") if image.mode != "RGB" else image, int(self.targets[index])
