@@ -114,7 +114,7 @@ def test_a_tree_without_links_is_listed_as_torchvision_lists_it(tmp_path, caplog
         source = DiskFolderSource(None, "TRAIN", str(root), 0)
     reference = ImageFolder(str(root), allow_empty=True)
     assert source.classes == reference.classes == ["cat", "dog", "empty"]
-    assert source.samples == reference.samples and len(source) == 6
+    assert list(source.samples) == reference.samples and len(source) == 6
     image, label = source[3]  # cat: 0.png, 1.png, a_first.jpg, then deep/er/x.PNG
     assert label == 0 and np.array_equal(np.asarray(image), noise(70))
     assert _warnings(caplog) == []

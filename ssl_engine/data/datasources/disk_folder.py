@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ssl_engine.data.datasources.image_io import load_rgb_image
+from ssl_engine.data.datasources.sample_table import SampleTable
 from ssl_engine.data.registry import register_datasource
 
 logger = logging.getLogger(__name__)
@@ -180,7 +181,9 @@ class DiskFolderSource:
                 f"being files ending in {', '.join(IMG_EXTENSIONS)} (in any case)")
 
     def __init__(self, cfg, split: str, path: str, source_index: int):
-        self.classes, self.samples, skipped = list_images(path)
+        self.classes, samples, skipped = list_images(path)
+        self.samples = SampleTable(samples)  # shared by forked workers, not copied (its doc)
+        del samples
         if skipped:
             logger.warning(
                 "disk_folder %s: skipped %d symbolic link(s) to folders already listed or "
@@ -191,7 +194,7 @@ class DiskFolderSource:
         return len(self.samples)
 
     def labels(self):
-        return [label for _, label in self.samples]
+        return self.samples.labels.tolist()
 
     def __getitem__(self, index: int):
         path, label = self.samples[index]
