@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ssl_engine import cli
 
 COMMAND = Path(sys.executable).parent / "ssl-engine"  # the console script pip installs

@@ -70,6 +70,13 @@ def test_bad_paths_are_refused_in_one_line(elsewhere, monkeypatch):
     (elsewhere / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="the file must hold a mapping of keys"):
         compose_config(["config=list.yaml"])
+    (elsewhere / "broken.yaml").write_text("config:\n  OPTIMIZER: [\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not a readable YAML file: .*\(line 3"):
+        compose_config(["config=broken.yaml"])
+    (elsewhere / "typo.yaml").write_text("defaults:\n  - /config/quickstart/simclr_digit\n")
+    with pytest.raises(ConfigError, match=rf"^In {elsewhere / 'typo.yaml'}: Could not load "
+                                          "'config/quickstart/simclr_digit'"):
+        compose_config(["config=typo.yaml"])
     monkeypatch.setenv("SSL_ENGINE_CONFIG_PATH", str(elsewhere))  # no config/ folder in it
     with pytest.raises(ConfigError, match="has no config/ folder: put your configs in"):
         compose_config(["config=quickstart/simclr_digits"])

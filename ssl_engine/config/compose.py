@@ -25,6 +25,7 @@ from ssl_engine.utils.install_paths import REPOSITORY, data_folder, installed_fo
 _PRIMARY_NAME = "ssl_engine_defaults"
 SEARCH_PATH_ENV = "SSL_ENGINE_CONFIG_PATH"
 _FILE_SUFFIXES = (".yaml", ".yml")
+_STORED_FILES = {}  # Hydra's name of each config=<file> stored -> the file, for messages
 
 
 def config_dir() -> Path:
@@ -95,12 +96,17 @@ def _store_config_file(path: Path) -> str:
     try:
         node = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
     except Exception as err:  # noqa: BLE001  (any YAML error, in one line)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"config={path}: not a readable YAML file: {first}") from None
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        where = next((line.split(", ", 1)[-1].rstrip(":")
+                      for line in lines if ", line " in line), "")
+        what = lines[0] if lines else type(err).__name__
+        raise ConfigError(f"config={path}: not a readable YAML file: {what}"
+                          + (f" ({where})" if where else "")) from None
     if not isinstance(node, dict):
         raise ConfigError(f"config={path}: the file must hold a mapping of keys, got "
                           f"{type(node).__name__}")
     name = "file_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    _STORED_FILES[name] = path
     ConfigStore.instance().store(group="config", name=name, node=node,
                                  package=_package_header(text), provider=str(path))
     return name
@@ -158,6 +164,8 @@ def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         message = " ".join(lines[:2]) if lines else type(err).__name__
+        for name, path in _STORED_FILES.items():
+            message = message.replace(f"'config/{name}'", str(path))
         if "Could not find" in str(err) or "Could not load" in str(err):
             folders = ", ".join(str(root / "config") for root in _search_roots())
             message = (f"{message}. Configs live in {folders} (more folders: "
