@@ -67,7 +67,7 @@ def both_ways(cfg: AttrDict, library: str, x: torch.Tensor, tmp_path: Path,
     - export: the trunk's weights written by ``export_model`` to a safetensors file, loaded
       into the counterpart built as the description says (``load_strict``);
     - import: the counterpart's own state dict (new random weights), saved as the library
-      saves it (``torch.save`` of ``state_dict()``), loaded into a fresh engine model by
+      saves it (``torch.save`` of ``state_dict()``), loaded into the engine's model by
       MODEL.WEIGHTS_INIT with no prefix: every trunk tensor is loaded."""
     from safetensors.torch import load_file
 
@@ -83,13 +83,16 @@ def both_ways(cfg: AttrDict, library: str, x: torch.Tensor, tmp_path: Path,
     with torch.no_grad():
         export_diff = max_diff(model.trunk(x, keys)[0].flatten(1), net_forward(net, x).flatten(1))
 
-    torch.manual_seed(11)
-    fresh = counterpart_net(description)
+    fresh = net  # new weights for the way back: every tensor moved, norms redrawn
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for tensor in fresh.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.add_(0.01 * torch.randn(tensor.shape, generator=generator))
     randomize(fresh, 12)
-    fresh.eval()
     saved = tmp_path / f"{library}_own.pth"
     torch.save(fresh.state_dict(), saved)
-    imported = engine_model(cfg, seed=5)
+    imported = model  # every trunk tensor is overwritten (checked below)
     report = load_weights_init(imported, {"PARAMS_FILE": str(saved), "STATE_DICT_KEY_NAME": ""})
     with torch.no_grad():
         import_diff = max_diff(imported.trunk(x, keys)[0].flatten(1),

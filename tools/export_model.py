@@ -40,8 +40,11 @@ def parser() -> argparse.ArgumentParser:
 def run_config(saved, overrides):
     """The run's config: the checkpoint's, else the one composed from ``overrides``."""
     if overrides:
+        import ssl_engine.losses  # noqa: F401  (their settings count in the composed config)
+        import ssl_engine.models  # noqa: F401
         from ssl_engine.config import compose_config
 
+        # composed and validated, not derived: the device and data checks do not concern it
         return compose_config(list(overrides))[1]
     if saved is None:
         raise ExportError("the checkpoint holds no config: give the one that built it with "

@@ -78,7 +78,8 @@ def vit_name(kwargs: Mapping[str, Any]) -> str:
     """timm's ViT name of these sizes (the keyword arguments set them all anyway)."""
     sizes = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
     size = sizes.get(kwargs["embed_dim"], "base")
-    return f"vit_{size}_patch{kwargs['patch_size']}_{kwargs['img_size']}"
+    name = f"vit_{size}_patch{kwargs['patch_size']}_{kwargs['img_size']}"
+    return name if name in known_names("timm") else "vit_base_patch16_224"
 
 
 def swin_name(kwargs: Mapping[str, Any]) -> str:
