@@ -5,7 +5,7 @@
     ssl-engine evaluate config=feature_extraction/extract_resnet_digits ...
     ssl-engine report ./checkpoints/quickstart_simclr_digits
     ssl-engine compare RUN_DIR RUN_DIR ... [--out runs.png]
-    ssl-engine export ...
+    ssl-engine export RUN_DIR --out model.safetensors [--to timm|torchvision|vissl]
 
 Each subcommand takes the arguments of its script in tools/ (``SUBCOMMANDS`` names it) and
 runs that script's ``main``; the scripts stay, for those who run them with ``python``.
@@ -51,7 +51,7 @@ SUBCOMMANDS: Dict[str, Subcommand] = {
     "report": Subcommand("draw report.png and report.html of a run folder", "report.py"),
     "compare": Subcommand("put run folders side by side: a table and their curves",
                           "compare_runs.py"),
-    "export": Subcommand("export a checkpoint's model weights to a file of its own",
+    "export": Subcommand("export a run's model for timm, torchvision, safetensors or VISSL",
                          "export_model.py"),
 }
 

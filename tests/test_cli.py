@@ -100,3 +100,9 @@ def test_train_extract_evaluate_report_compare_from_outside_the_checkout(tmp_pat
     assert (tmp_path / "runs.png").is_file() and proc.stdout.count("simclr") >= 2
     proc = ssl_engine("report", cwd=tmp_path)  # argparse's error, under the command's name
     assert proc.returncode == 2 and "usage: ssl-engine report" in proc.stderr
+
+
+def test_export_runs_the_export_tool(tmp_path):
+    proc = ssl_engine("export", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: ssl-engine export") and "--out" in proc.stdout
