@@ -48,6 +48,8 @@ setup(
         # the run report's pictures (HOOKS.RUN_REPORT, tools/report.py, tools/compare_runs.py),
         # drawn headless on the Agg backend
         "matplotlib",
+        # tools/export_model.py's default file format (tensors only: no code runs on loading)
+        "safetensors>=0.4",
     ],
     extras_require={
         # lightly: independent implementations of the SSL losses, the tests' oracle;
