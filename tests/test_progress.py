@@ -1,7 +1,11 @@
 """Progress lines of long work outside training: at most one every 10 s, with an ETA, from
-the extraction of a split and from the evaluation tools' k-NN."""
+the extraction of a split and from the evaluation tools (k-NN, k-means, logistic regression)."""
 import logging
 
+import numpy as np
+
+from ssl_engine.evaluation.clustering import kmeans
+from ssl_engine.evaluation.low_shot import logistic_regression_eval
 from ssl_engine.utils import progress as progress_module
 from ssl_engine.utils.progress import Progress, eta_text
 from test_eval_tools import load_tool
@@ -63,3 +67,17 @@ def test_knn_tool_says_how_far_the_queries_are(tmp_path, monkeypatch, caplog):
     assert any(line.startswith("extracting test: 21/21 samples") for line in lines), lines
     knn = [line for line in lines if line.startswith("k-NN: ")]
     assert [line.split()[1] for line in knn] == ["10/21", "20/21", "21/21"], knn
+
+
+def test_kmeans_and_logistic_regression_say_how_far_they_are(monkeypatch, caplog):
+    monkeypatch.setattr(progress_module, "DEFAULT_INTERVAL_SECONDS", 0.0)
+    caplog.set_level(logging.INFO, logger="ssl_engine.utils.progress")
+    rng = np.random.default_rng(0)
+    features, labels = rng.normal(size=(40, 4)).astype(np.float32), np.arange(40) % 2
+    kmeans(features, num_clusters=3, num_iter=3)
+    logistic_regression_eval(features, labels, features, labels, lambdas=[1.0, 10.0])
+    lines = [r.getMessage().split(" (")[0] for r in caplog.records
+             if r.name == "ssl_engine.utils.progress"]
+    assert lines == ["k-means: 1/3 iterations", "k-means: 2/3 iterations",
+                     "k-means: 3/3 iterations", "logistic regression: 1/2 lambdas",
+                     "logistic regression: 2/2 lambdas"]

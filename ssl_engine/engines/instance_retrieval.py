@@ -24,13 +24,13 @@ from ssl_engine.evaluation.retrieval_data import load_image, open_dataset
 from ssl_engine.models import build_model
 from ssl_engine.trainer.process import select_device
 from ssl_engine.utils.cpu_budget import configure_threads
+from ssl_engine.utils.progress import Progress
 
 logger = logging.getLogger(__name__)
 
 PROCESSING = ("rmac", "gem", "")
 MEASURES = ("cosine_similarity", "l2")
 DEBUG_LIMITS = {"NUM_TRAINING_SAMPLES": 10, "NUM_QUERY_SAMPLES": 10, "NUM_DATABASE_SAMPLES": 50}
-LOG_EVERY = 500
 
 
 def check_retrieval_config(cfg: AttrDict) -> AttrDict:
@@ -105,11 +105,11 @@ class _Describer:
 
 def _descriptors(describer, paths, boxes, whitening, what: str) -> np.ndarray:
     rows = []
+    progress = Progress(what, len(paths), unit="images")  # a line every 10 s at most
     for i, path in enumerate(paths):
-        if i % LOG_EVERY == 0:
-            logger.info("%s: image %d of %d", what, i, len(paths))
         rows.append(describe(describer.regions(path, boxes[i] if boxes else None), whitening,
                              describer.r.NORMALIZE_FEATURES))
+        progress.update()
     return np.stack(rows).astype(np.float32)
 
 
@@ -135,9 +135,11 @@ def run_retrieval(cfg) -> Tuple[Path, Dict[str, object]]:
         logger.info("whitening: region vectors of %d images of %s", len(train.database),
                     train.name)
         vectors = []
+        progress = Progress("whitening", len(train.database), unit="images")
         for path in train.database:
             for regions in describer.regions(path):
                 vectors.append(regions)
+            progress.update()
         vectors = np.concatenate(vectors)
         if r.NORMALIZE_FEATURES:
             vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-6)

@@ -12,6 +12,8 @@ from typing import Tuple
 import numpy as np
 import torch
 
+from ssl_engine.utils.progress import Progress
+
 logger = logging.getLogger(__name__)
 
 CHUNK = 4096  # points whose distances to every centroid are computed at once
@@ -44,6 +46,7 @@ def kmeans(features: np.ndarray, num_clusters: int, num_iter: int, seed: int = 0
                          f"number of features ({len(points)})")
     rng = np.random.RandomState(seed)
     centroids = points[rng.choice(len(points), num_clusters, replace=False)].astype(np.float64)
+    progress = Progress("k-means", num_iter, unit="iterations")  # a line every 10 s at most
     for _ in range(num_iter):
         labels, distances = assign(points, centroids)
         sums = np.zeros_like(centroids)
@@ -54,6 +57,7 @@ def kmeans(features: np.ndarray, num_clusters: int, num_iter: int, seed: int = 0
         centroids = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None],
                              centroids)
         centroids[empty] = points[far]
+        progress.update()
     return centroids.astype(np.float32)
 
 

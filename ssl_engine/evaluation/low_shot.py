@@ -80,6 +80,7 @@ def logistic_regression_eval(
     scaler = StandardScaler().fit(train)
     train, test = scaler.transform(train), scaler.transform(test)
     per_lambda = []
+    progress = Progress("logistic regression", len(lambdas), unit="lambdas")
     for lam in lambdas:
         if lam <= 0:
             raise ValueError(f"LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA must be positive, "
@@ -88,4 +89,5 @@ def logistic_regression_eval(
         per_lambda.append({"lambda": float(lam),
                            "train_top1": 100.0 * classifier.score(train, train_y),
                            "top1": 100.0 * classifier.score(test, test_y)})
+        progress.update()
     return {"per_lambda": per_lambda, "top1": max(r["top1"] for r in per_lambda)}
