@@ -5,6 +5,7 @@ import logging
 import numpy as np
 
 from ssl_engine.evaluation.clustering import kmeans
+from ssl_engine.extraction import rank_files
 from ssl_engine.evaluation.low_shot import logistic_regression_eval
 from ssl_engine.utils import progress as progress_module
 from ssl_engine.utils.progress import Progress, eta_text
@@ -81,3 +82,22 @@ def test_kmeans_and_logistic_regression_say_how_far_they_are(monkeypatch, caplog
     assert lines == ["k-means: 1/3 iterations", "k-means: 2/3 iterations",
                      "k-means: 3/3 iterations", "logistic regression: 1/2 lambdas",
                      "logistic regression: 2/2 lambdas"]
+
+
+def test_merging_the_files_of_several_processes_says_how_far_it_is(tmp_path, monkeypatch,
+                                                                   caplog):
+    monkeypatch.setattr(progress_module, "DEFAULT_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr(rank_files, "MERGE_CHUNK_BYTES", 4 * 2 * 4)  # 4 rows a chunk
+    caplog.set_level(logging.INFO, logger="ssl_engine.utils.progress")
+    values = np.arange(20, dtype=np.float32).reshape(10, 2)
+    sources, inds_files = [], []
+    for rank, share in enumerate([np.arange(0, 10, 2), np.arange(1, 10, 2)]):
+        for rows, name, paths in ((values[share], "rows", sources), (share, "inds", inds_files)):
+            appender = rank_files.NpyAppender(tmp_path / f"{name}{rank}.npy", len(share))
+            appender.append(rows)
+            appender.close()
+            paths.append(appender.path)
+    rank_files.merge_rank_files(tmp_path / "merged.npy", sources, inds_files, 10)
+    lines = [r.getMessage().split(" (")[0] for r in caplog.records
+             if r.name == "ssl_engine.utils.progress"]
+    assert lines == [f"merging merged.npy: {n}/10 rows" for n in (4, 5, 9, 10)]

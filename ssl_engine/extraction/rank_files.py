@@ -18,6 +18,7 @@ import torch
 from ssl_engine.extraction.errors import ExtractionError
 from ssl_engine.extraction.files import extracted_paths
 from ssl_engine.utils.io import fsync_dir
+from ssl_engine.utils.progress import Progress
 
 PathsFn = Callable[[Path, str, str], Dict[str, Path]]  # (folder, split, layer) -> {kind: path}
 
@@ -191,6 +192,8 @@ def merge_rank_files(final: Path, sources: Sequence[Path], source_inds: Sequence
     offset = created.offset
     del created  # the file exists at full size; nothing of it was touched
     seen = np.zeros(num_samples, dtype=bool)
+    progress = Progress(f"merging {final.name}", sum(_npy_layout(p)[2] for p in source_inds),
+                        unit="rows")  # every 10 s at most: a merge of a large split takes long
     fd = os.open(tmp, os.O_WRONLY)
     try:
         for source, inds_path in zip(sources, source_inds):
@@ -208,6 +211,7 @@ def merge_rank_files(final: Path, sources: Sequence[Path], source_inds: Sequence
                 seen[inds] = True
                 for a, b in _contiguous_runs(inds):
                     os.pwrite(fd, values[a:b].data, offset + int(inds[a]) * row_bytes)
+                progress.update(stop - start)
         os.fsync(fd)
     finally:
         os.close(fd)
