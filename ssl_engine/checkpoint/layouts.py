@@ -5,7 +5,7 @@ dict of the trunk's timm or torchvision counterpart (``counterparts``).
 A plain state dict (no key under ``trunk.`` or ``heads.``) is read through each counterpart's
 renaming of the model's trunk; the one under which most of the trunk's keys are found wins when
 it finds at least half of them, and its keys become ``trunk.<k>``.  Keys it does not place (a
-classifier ``fc.*``, ``head.*``) stay as they are and are reported unexpected.  Buffers every
+classifier ``fc.*``, ``head.*``) keep the file's names and are reported unexpected.  Buffers every
 library recomputes (``relative_position_index``) are taken from the model.
 """
 from typing import Dict, Mapping, Optional, Tuple
@@ -85,7 +85,13 @@ def adapt_to_model(state: Mapping[str, torch.Tensor],
             best, best_share, best_state = layout, share, mapped
     if best_share < MIN_SHARE:
         return state, ""
-    adapted = {(f"trunk.{k}" if k in trunk_state else k): v for k, v in best_state.items()}
+    placed = {k: v for k, v in best_state.items() if k in trunk_state}
+    placed_ids, mapped_ids = {id(v) for v in placed.values()}, {id(v) for v in best_state.values()}
+    adapted = {f"trunk.{k}": v for k, v in placed.items()}
+    # what the layout did not place is reported under the file's own names (a joined tensor's
+    # parts, such as XCiT's q, k and v, are placed through it)
+    adapted.update({k: v for k, v in state.items()
+                    if id(v) in mapped_ids and id(v) not in placed_ids})
     for key, value in trunk_state.items():  # buffers the file's library recomputes itself
         if key.endswith(DERIVED) and f"trunk.{key}" not in adapted:
             adapted[f"trunk.{key}"] = value
