@@ -89,3 +89,23 @@ def test_export_to_vissl_writes_vissls_vit_names(tmp_path):
     x = images(2, 32)
     with torch.no_grad():
         assert max_diff(again(x)[0], model(x)[0]) == 0
+
+
+def test_vissl_vit_checkpoint_exports_to_timm_with_the_config_that_built_it(tmp_path):
+    from safetensors.torch import load_file
+
+    trunk, net = vissl_vit(seed=4)
+    path, _ = vissl_file(tmp_path, trunk)
+    spec = importlib.util.spec_from_file_location("export_model", ROOT / "tools/export_model.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    sizes = [f"config.MODEL.TRUNK.VISION_TRANSFORMERS.{k}={v}" for k, v in SIZES.items()]
+    out = tmp_path / "vit.safetensors"
+    assert tool.main([str(path), "--to", "timm", "--out", str(out), "--config",
+                      "config=pretrain/dino/dino_vit_s16", *sizes]) == 0
+    again = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                              mlp_ratio=4.0, qkv_bias=True, num_classes=0).eval()
+    again.load_state_dict(load_file(str(out)))  # strict
+    x = images(2, 32)
+    with torch.no_grad():
+        assert max_diff(again(x), net(x)) == 0
