@@ -81,7 +81,8 @@ def _resnet(cfg, library: str) -> Counterpart:
         name = f"resnet{depth}"
         kwargs = ({"cardinality": groups, "base_width": width} if library == "timm"
                   else {"groups": groups, "width_per_group": width})
-    kwargs["num_classes"] = 0 if library == "timm" else kwargs.get("num_classes", 1000)
+    if library == "timm":
+        kwargs["num_classes"] = 0
     same = maps.identity
     return Counterpart("resnet", library, name, kwargs,
                        "model(x) equals the trunk's res5avg (torchvision: after "
@@ -104,10 +105,12 @@ def _vit(cfg, library: str, trunk: torch.nn.Module) -> Counterpart:
     if not vit.has_class_token:
         kwargs.update(class_token=False, global_pool="avg")
     drop_mask = maps.drop_keys("mask_token")
+    features = ("model(x) equals the trunk's lastCLS" if vit.has_class_token else
+                "model.forward_features(x).mean(1) equals the trunk's lastPOOL (timm's "
+                "fc_norm after it is not the trunk's)")
     return Counterpart("vision_transformer", library, name, kwargs,
-                       "model(x) equals the trunk's lastCLS (lastPOOL without a class token); "
-                       "model.forward_features(x) gives every token, "
-                       "model.get_intermediate_layers(x, n) the blocks' outputs",
+                       features + "; model.get_intermediate_layers(x, n) gives the blocks' "
+                       "outputs",
                        lambda s: maps.strip_prefix(drop_mask(s), "vit."),
                        lambda s: maps.add_prefix(s, "vit."))
 
