@@ -50,6 +50,8 @@ setup(
         "matplotlib",
         # tools/export_model.py's default file format (tensors only: no code runs on loading)
         "safetensors>=0.4",
+        # DATA.<split>.DEVICE_AUGMENTATION: batched colour/blur/solarize with per-image factors
+        "kornia>=0.9,<0.10",
     ],
     extras_require={
         # lightly: independent implementations of the SSL losses, the tests' oracle;

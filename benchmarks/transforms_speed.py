@@ -9,7 +9,14 @@ interleaved; printed: median microseconds per image.  The Gaussian blur compares
 and 5 pixels), with SimCLR's sigma range (0.1-2.0) and a kernel of 10% of the image (odd, at
 least 3).
 
+With ``--recipe``, instead: a loader worker's cost per image on the ImageNet SimCLR recipe
+(decoding a 500x375 JPEG, 2 views of 224) today and with DATA.TRAIN.DEVICE_AUGMENTATION (the
+workers decode, crop and flip and ship uint8 views with drawn parameters), their ratio, the
+device half's cost per image on this CPU beside it, and the JPEG decoders compared
+(benchmarks/worker_cost.py).
+
     python benchmarks/transforms_speed.py [--images 64] [--rounds 5] [--size 224]
+    python benchmarks/transforms_speed.py --recipe [--images 32] [--rounds 5]
 """
 import argparse
 import statistics
@@ -24,14 +31,40 @@ from ssl_engine.data.transforms.color_distortion import ImgPilColorDistortion
 from ssl_engine.data.transforms.fast_blur import GaussianBlur
 from ssl_engine.data.transforms.gaussian_blur import ImgPilGaussianBlur
 
+try:  # run as a script: benchmarks/ is on the path
+    import worker_cost
+except ImportError:  # imported as benchmarks.transforms_speed
+    from benchmarks import worker_cost
+
+
+def print_recipe(images: int, rounds: int) -> None:
+    """The workers' cost with and without device augmentation, and the decoders."""
+    costs = worker_cost.worker_costs(images, rounds)
+    print(f"ImageNet SimCLR recipe (2 views of 224 from a 500x375 JPEG), 1 thread, median of "
+          f"{rounds} rounds of {images} images, microseconds per image")
+    print(f"{'CPU worker, today (PIL pipeline)':<52}{costs['today']:>10.0f}")
+    print(f"{'CPU worker, DEVICE_AUGMENTATION=true':<52}{costs['option']:>10.0f}")
+    print(f"{'ratio (at most 0.4 wanted)':<52}{costs['option'] / costs['today']:>10.2f}")
+    print(f"{'device half on this CPU (batch of all views)':<52}{costs['device']:>10.0f}")
+    print(f"\n{'JPEG decoder, 500x375':<44}{'us/image':>10}  pixels vs PIL")
+    for name, micros, diff, shape in worker_cost.decoder_costs(rounds):
+        same = f"max diff {diff}" if diff is not None else f"other size {shape[1]}x{shape[0]}"
+        print(f"{name:<44}{micros:>10.0f}  {same}")
+
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--recipe", action="store_true",
+                        help="the ImageNet SimCLR recipe's worker cost with and without "
+                             "DATA.TRAIN.DEVICE_AUGMENTATION, and the JPEG decoders")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.recipe:
+        print_recipe(args.images, args.rounds)
+        return
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8))

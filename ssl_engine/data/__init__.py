@@ -1,6 +1,7 @@
 """Datasets, SSL transforms, collators, the resumable distributed sampler and loader building."""
 from ssl_engine.data import collators, datasources, transforms  # noqa: F401  (registers components)
 from ssl_engine.data.collators import build_collator
+from ssl_engine.data.device_augmentation import batch_to_device
 from ssl_engine.data.loader import build_dataloader
 from ssl_engine.data.paths import check_data_paths
 from ssl_engine.data.registry import (
@@ -21,6 +22,7 @@ __all__ = [
     "TRANSFORM_REGISTRY",
     "GenericSSLDataset",
     "StatefulDistributedSampler",
+    "batch_to_device",
     "build_collator",
     "build_dataloader",
     "build_dataset",

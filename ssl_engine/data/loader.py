@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ssl_engine.data.collators import build_collator
+from ssl_engine.data.device_augmentation import DeviceParamsCollator
 from ssl_engine.data.labels import MixedLabelShapes
 from ssl_engine.data.sampler import StatefulDistributedSampler
 from ssl_engine.utils.logger import setup_logging
@@ -63,9 +64,9 @@ def build_dataloader(
         sampler=sampler,
         num_workers=num_workers,
         pin_memory=pin_memory and torch.accelerator.is_available(),
-        collate_fn=LabelNamingCollator(
+        collate_fn=with_device_params(dataset, LabelNamingCollator(
             build_collator(split_cfg.COLLATE_FUNCTION, split_cfg.COLLATE_FUNCTION_PARAMS),
-            list(split_cfg.get("LABEL_PATHS", None) or [])),
+            list(split_cfg.get("LABEL_PATHS", None) or []))),
         drop_last=split_cfg.DROP_LAST,
         persistent_workers=persistent,
         worker_init_fn=functools.partial(init_worker, rank_pid=os.getpid()),
@@ -89,6 +90,14 @@ def worker_logging(worker_id: int) -> None:
     unreadable image, go where the rank's go, not bare to stderr."""
     if not logging.getLogger().handlers:
         setup_logging(None, int(os.environ.get("RANK", 0)))
+
+
+def with_device_params(dataset, collate):
+    """``collate``, adding the rows' drawn parameters when ``dataset`` leaves augmentations to
+    the device (DATA.<split>.DEVICE_AUGMENTATION)."""
+    if getattr(dataset, "device_augmentation", None) is None:
+        return collate
+    return DeviceParamsCollator(collate)
 
 
 class LabelNamingCollator:

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms.functional import to_tensor
 
 from ssl_engine.data.datasources.image_io import ImageLoadError
+from ssl_engine.data.device_augmentation import PARAMS_KEY, build_device_augmentation
 from ssl_engine.data.labels import sample_label
 from ssl_engine.data.local_copy import local_split_paths
 from ssl_engine.data.paths import check_data_paths, source_classes, source_paths
@@ -41,9 +42,14 @@ class GenericSSLDataset(Dataset):
     next readable sample (i+1, i+2, ...) is returned in its place with "data_valid": False,
     until more than MAX_INVALID_IMAGES distinct files of this split have failed in this process
     (its loader workers count together).
+
+    With ``device_augmentation`` (the trainer's datasets) and DATA.<split>.DEVICE_AUGMENTATION,
+    the photometric tail of the transforms is left to the training device
+    (data/device_augmentation.py): views are uint8 tensors and "device_params" holds each
+    view's drawn parameters.
     """
 
-    def __init__(self, cfg, split: str):
+    def __init__(self, cfg, split: str, device_augmentation: bool = False):
         check_data_paths(cfg, split)
         split_cfg = cfg.DATA[split]
         if split_cfg.LABEL_TYPE not in LABEL_TYPES:
@@ -62,6 +68,10 @@ class GenericSSLDataset(Dataset):
         self.transform = build_transforms(
             split_cfg.TRANSFORMS, key=f"config.DATA.{split}.TRANSFORMS"
         )
+        self.device_augmentation = None
+        if device_augmentation:
+            self.transform, self.device_augmentation = build_device_augmentation(
+                self.transform, split_cfg, f"config.DATA.{split}")
         self.seed_value = int(cfg.SEED_VALUE)
         self.epoch = 0
         self.substitute = bool(split_cfg.ENABLE_QUEUE_DATASET)
@@ -126,7 +136,9 @@ class GenericSSLDataset(Dataset):
             raise ImageLoadError(f"no readable image in config.DATA.{self.split}")
         with seeded_rngs(sample_seed(self.seed_value, epoch, position)):
             views, view_labels = self.transform.apply(image)
-        masks = getattr(views, "masks", None)  # MaskedViews: patch masks (transforms/masking.py)
+            masks = getattr(views, "masks", None)  # MaskedViews (transforms/masking.py)
+            if self.device_augmentation is not None:  # its draws: in the sample's generators
+                views, params = self.device_augmentation.draw(views)
         views = views if isinstance(views, list) else [views]
         views = [view if isinstance(view, torch.Tensor) else to_tensor(view) for view in views]
         view_labels = view_labels or [None] * len(views)  # set by e.g. ImgRotatePil
@@ -135,6 +147,8 @@ class GenericSSLDataset(Dataset):
         sample = {"data": views, "label": labels, "data_idx": position, "data_valid": valid}
         if masks is not None:
             sample["mask"] = masks
+        if self.device_augmentation is not None:
+            sample[PARAMS_KEY] = params
         return sample
 
 
@@ -160,9 +174,10 @@ def _with_local_copies(cfg, split: str):
     return local
 
 
-def build_dataset(cfg, split: str) -> GenericSSLDataset:
-    """The dataset of ``cfg.DATA.<split>`` (split: "TRAIN" or "TEST")."""
-    dataset = GenericSSLDataset(cfg, split)
+def build_dataset(cfg, split: str, device_augmentation: bool = False) -> GenericSSLDataset:
+    """The dataset of ``cfg.DATA.<split>`` (split: "TRAIN" or "TEST"); ``device_augmentation``:
+    honour DATA.<split>.DEVICE_AUGMENTATION (the trainer, which runs the device half)."""
+    dataset = GenericSSLDataset(cfg, split, device_augmentation)
     split_cfg = cfg.DATA[split]
     name = ", ".join(split_cfg.DATASET_NAMES or split_cfg.DATA_SOURCES)
     logger.info("%s data: %s, %d samples", split.lower(), name, len(dataset))

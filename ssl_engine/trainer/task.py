@@ -8,7 +8,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ssl_engine.checkpoint import (VISSL_RESUME_NOT_RESTORED, CheckpointError, is_vissl_checkpoint,
                                    load_vissl_model_weights, load_weights_init, vissl_key_prefix)
-from ssl_engine.data import build_dataloader, build_dataset
+from ssl_engine.data import batch_to_device, build_dataloader, build_dataset
 from ssl_engine.data.loader import set_loader_position, stop_workers
 from ssl_engine.data.ssl_dataset import dataset_labels
 from ssl_engine.hooks.base import SSLClassyHookFunctions, SSLHook
@@ -31,7 +31,6 @@ from ssl_engine.trainer.train_steps import get_train_step
 from ssl_engine.utils import rng
 from ssl_engine.utils.classy import ClassyTask, register_task
 from ssl_engine.utils.cpu_budget import loader_workers
-from ssl_engine.utils.device import to_device
 from ssl_engine.utils.distributed import broadcast_buffers, get_rank, get_world_size
 from ssl_engine.utils.metrics_store import MetricsStore
 
@@ -98,9 +97,9 @@ class SelfSupervisionTask(ClassyTask):
         """Build data, model, loss, optimizer and meters; restore ``checkpoint`` if given."""
         cfg = self.config
         if not cfg.TEST_ONLY:
-            self.datasets["TRAIN"] = build_dataset(cfg, "TRAIN")
+            self.datasets["TRAIN"] = build_dataset(cfg, "TRAIN", device_augmentation=True)
         if cfg.TEST_MODEL:
-            self.datasets["TEST"] = build_dataset(cfg, "TEST")
+            self.datasets["TEST"] = build_dataset(cfg, "TEST", device_augmentation=True)
         self.base_model = convert_sync_bn(build_model(cfg.MODEL), cfg).to(self.device)
         if checkpoint is not None and is_vissl_checkpoint(
                 checkpoint, vissl_key_prefix(cfg.MODEL.TRUNK.NAME)):
@@ -300,9 +299,9 @@ class SelfSupervisionTask(ClassyTask):
         self.hooks = list(hooks)
         return self
 
-    def to_device(self, batch):
-        return to_device(batch, self.device, non_blocking=self.device.type == "cuda",
-                          channels_last=bool(self.config.MODEL.CHANNELS_LAST))
+    def to_device(self, batch):  # DATA.<split>.DEVICE_AUGMENTATION: augmented there
+        return batch_to_device(batch, self.datasets.get("TRAIN" if self.train else "TEST"),
+                               self.device, bool(self.config.MODEL.CHANNELS_LAST))
 
     def train_step(self) -> None:
         self.train_step_fn(self)

@@ -1,0 +1,157 @@
+"""DATA.<split>.DEVICE_AUGMENTATION: the photometric tail of a split's TRANSFORMS runs batched on
+the training device instead of in the loader workers.
+
+The split of the list: its longest tail of transforms that have a device counterpart
+(data/device_ops.py: colour jitter and distortion, grayscale, Gaussian blurs, solarization,
+ToTensor, Normalize, RandomErasing) goes to the device; everything before it (decoding, the
+views, crops, flips, affine maps) stays in the workers, which ship each view as a uint8
+[C, H, W] tensor (a quarter of the bytes of floats) with its drawn parameters. The draws are
+made in the worker inside the sample's seeded generators (data/seeding.py), right after the
+worker's own transforms, so the augmentation of sample i in epoch e is still a function of
+(SEED_VALUE, e, i), whatever the workers, the batch or a resume.
+
+The training process then calls ``on_device(batch, move)``: the batch goes to the device,
+its uint8 views become floats in [0, 1] (what ToTensor gives) and every op runs on the whole
+batch with each view's own parameters.
+"""
+from typing import Callable, List, Optional, Tuple
+
+import torch
+from PIL import Image
+from torchvision.transforms.functional import pil_to_tensor
+
+from ssl_engine.data.collators.multicrop import resolution_groups
+from ssl_engine.data.device_ops import device_ops
+from ssl_engine.data.transforms.chain import TransformChain
+from ssl_engine.utils.device import to_device
+
+PARAMS_KEY = "device_params"  # per view in a sample, per row (group) in a batch
+# collators whose "input" rows are view-major by runs of same-size views, the order
+# ``rows_of_params`` reproduces
+ROW_ORDER_COLLATORS = ("simclr_collator", "multicrop_collator")
+
+
+def split_for_device(chain: TransformChain, key: str) -> Tuple[TransformChain, list]:
+    """(the chain the workers run, the device ops of its longest device-capable tail).
+    Transforms that only map labels stay with the workers and do not end the tail."""
+    transforms = chain.transforms
+    start = len(transforms)
+    while start > 0:
+        previous = transforms[start - 1]
+        if not getattr(previous, "maps_label", False) and device_ops(previous) is None:
+            break
+        start -= 1
+    tail = [t for t in transforms[start:] if not getattr(t, "maps_label", False)]
+    ops = [op for transform in tail for op in device_ops(transform)]
+    if not tail:
+        raise ValueError(
+            f"{key}.DEVICE_AUGMENTATION=true but the last transform of {key}.TRANSFORMS "
+            f"({type(transforms[-1]).__name__ if transforms else 'none'}) has no device "
+            "counterpart; the device runs a tail of ColorJitter, ImgPilColorDistortion, "
+            "ImgPilRandomColorJitter, RandomGrayscale, GaussianBlur, ImgPilGaussianBlur, "
+            "ImgPilRandomSolarize, ToTensor, Normalize, RandomErasing")
+    kept = transforms[:start] + [t for t in transforms[start:] if getattr(t, "maps_label", False)]
+    return TransformChain(kept), ops
+
+
+def uint8_view(view) -> torch.Tensor:
+    """A view as the workers ship it: a uint8 [C, H, W] tensor."""
+    if isinstance(view, Image.Image):
+        return pil_to_tensor(view)
+    if isinstance(view, torch.Tensor) and view.dtype == torch.uint8:
+        return view
+    raise TypeError(f"DEVICE_AUGMENTATION: the workers' transforms must end with PIL images or "
+                    f"uint8 tensors, got {type(view).__name__}"
+                    f"{'' if not isinstance(view, torch.Tensor) else ' of ' + str(view.dtype)}")
+
+
+class DeviceAugmentation:
+    """The device half of a split's transforms: ``ops`` in order (data/device_ops.py)."""
+
+    def __init__(self, ops: list):
+        self.ops = ops
+        self.size = sum(op.size for op in ops)
+
+    def draw(self, views) -> Tuple[list, List[torch.Tensor]]:
+        """(the views as uint8 tensors, each view's parameters: a float32 vector). Called in
+        the sample's seeded generators, after the worker's transforms."""
+        views = [uint8_view(view) for view in (views if isinstance(views, list) else [views])]
+        params = [torch.tensor([value for op in self.ops for value in op.draw(view)],
+                               dtype=torch.float32) for view in views]
+        return views, params
+
+    def __call__(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        """uint8 [N, C, H, W] ``images`` (on any device) -> the augmented float32 batch;
+        ``params``: [N, size] on the CPU, row n drawn for image n."""
+        images = images.float().div_(255)
+        start = 0
+        for op in self.ops:
+            images = op.apply(images, params[:, start:start + op.size])
+            start += op.size
+        return images
+
+    def on_device(self, batch: dict, move: Callable) -> dict:
+        """``batch`` (from a loader of this split) moved by ``move`` and augmented; its
+        parameters stay on the CPU (indices of rows are chosen there, so nothing waits)."""
+        params = batch.pop(PARAMS_KEY)
+        batch = move(batch)
+        inputs = batch["input"]
+        if isinstance(inputs, torch.Tensor):
+            batch["input"] = move(self(inputs, params[0]))
+        else:
+            batch["input"] = [move(self(group, rows)) for group, rows in zip(inputs, params)]
+        return batch
+
+    def __repr__(self) -> str:
+        inner = "".join(f"\n  {op!r}" for op in self.ops)
+        return f"DeviceAugmentation({inner}\n)"
+
+
+def rows_of_params(samples: List[dict]) -> List[torch.Tensor]:
+    """The samples' per-view parameters stacked in the collated rows' order: one [rows, P]
+    tensor per run of same-size views, view-major within it."""
+    return [torch.stack([sample[PARAMS_KEY][v] for v in group for sample in samples])
+            for group in resolution_groups(samples[0])]
+
+
+class DeviceParamsCollator:
+    """``collate``'s batch plus the parameters of its rows (picklable, for loader workers)."""
+
+    def __init__(self, collate: Callable):
+        self.collate = collate
+
+    def __call__(self, samples):
+        batch = self.collate(samples)
+        batch[PARAMS_KEY] = rows_of_params(samples)
+        return batch
+
+
+def check_collator(split_cfg, key: str) -> None:
+    """Refuse a collator whose row order the parameters cannot follow."""
+    if split_cfg.COLLATE_FUNCTION not in ROW_ORDER_COLLATORS:
+        raise ValueError(f"{key}.DEVICE_AUGMENTATION=true works with the collators "
+                         f"{list(ROW_ORDER_COLLATORS)}, not {split_cfg.COLLATE_FUNCTION}")
+
+
+def build_device_augmentation(chain: TransformChain, split_cfg, key: str
+                              ) -> Tuple[TransformChain, Optional[DeviceAugmentation]]:
+    """(the workers' chain, the device half or None) for ``split_cfg`` (cfg.DATA.<split>)."""
+    if not split_cfg.get("DEVICE_AUGMENTATION", False):
+        return chain, None
+    check_collator(split_cfg, key)
+    kept, ops = split_for_device(chain, key)
+    return kept, DeviceAugmentation(ops)
+
+
+def batch_to_device(obj, dataset, device: torch.device, channels_last: bool = False):
+    """``obj`` (a batch of ``dataset``'s loader, or any tensors) on ``device`` (non-blocking
+    copies to CUDA); a batch with drawn parameters is augmented there by ``dataset``'s
+    device half."""
+    def move(item):
+        return to_device(item, device, non_blocking=device.type == "cuda",
+                         channels_last=channels_last)
+
+    augmentation = getattr(dataset, "device_augmentation", None)
+    if augmentation is None or not isinstance(obj, dict) or PARAMS_KEY not in obj:
+        return move(obj)
+    return augmentation.on_device(obj, move)

@@ -1,0 +1,262 @@
+"""Photometric augmentations split in two halves for DATA.<split>.DEVICE_AUGMENTATION: a loader
+worker *draws* each view's random parameters (a few floats, from the per-sample seeded
+generators, so the draws are those of sample i in epoch e whatever the worker or batch), and
+the training process *applies* them to a whole batch at once on its device (CUDA or CPU) with
+``kornia``'s batched functions, which take one factor per image.
+
+Each op has ``size`` (floats per view), ``draw(view) -> list`` (``view``: the uint8 [C, H, W]
+crop) and ``apply(images, params) -> images`` (``images``: float [N, C, H, W] in the
+transform's value range, on the device; ``params``: the [N, size] float CPU tensor of draws).
+The distributions are torchvision's (or the engine transform's that the op stands for); the
+formulas are torchvision's tensor formulas (tests/test_device_augmentation.py compares both).
+"""
+import math
+from typing import List
+
+import functools
+
+import torch
+import torchvision.transforms as T
+
+from ssl_engine.data.transforms.color_distortion import (
+    ImgPilColorDistortion,
+    ImgPilRandomColorJitter,
+    simclr_jitter,
+)
+from ssl_engine.data.transforms.gaussian_blur import ImgPilGaussianBlur
+from ssl_engine.data.transforms.solarize import ImgPilRandomSolarize
+
+
+@functools.lru_cache(maxsize=None)
+def kornia():
+    """kornia, with its color, enhance and filters modules: imported when a device op first
+    runs (about a second of start-up that runs without DEVICE_AUGMENTATION do not pay)."""
+    import kornia.color  # noqa: F401
+    import kornia.enhance  # noqa: F401
+    import kornia.filters  # noqa: F401
+    return kornia
+
+
+def rand_below(p: float) -> float:
+    """1.0 with probability ``p`` (torchvision's RandomApply draw: applied when rand < p)."""
+    return float(torch.rand(1).item() < p)
+
+
+def on_rows(images: torch.Tensor, mask: torch.Tensor, fn) -> torch.Tensor:
+    """``images`` with the rows selected by the CPU ``mask`` replaced by ``fn(those rows,
+    their positions)``; untouched when no row is selected."""
+    if not bool(mask.any()):
+        return images
+    positions = mask.nonzero().flatten()
+    rows = positions.to(images.device, non_blocking=True)
+    return images.index_copy(0, rows, fn(images.index_select(0, rows), positions))
+
+
+def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A CPU vector of per-image values on ``like``'s device and dtype."""
+    return values.to(like.device, like.dtype, non_blocking=True)
+
+
+class ColorJitterOp:
+    """torchvision's ColorJitter with probability ``p``: brightness, contrast, saturation and
+    hue factors and their order drawn per view (``ColorJitter.get_params``); a component of
+    zero strength is skipped, as in torchvision. Params: applied, the order (4), the factors
+    (4; a skipped component's is neutral)."""
+
+    size = 9
+    NEUTRAL = (1.0, 1.0, 1.0, 0.0)
+
+    def __init__(self, jitter: T.ColorJitter, p: float = 1.0):
+        self.jitter, self.p = jitter, float(p)
+        self.ranges = (jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue)
+
+    def draw(self, view) -> List[float]:
+        applied = rand_below(self.p) if self.p < 1 else 1.0
+        if not applied:
+            return [0.0, 0, 1, 2, 3, *self.NEUTRAL]
+        order, *factors = T.ColorJitter.get_params(*self.ranges)
+        factors = [n if f is None else f for f, n in zip(factors, self.NEUTRAL)]
+        return [1.0, *order.tolist(), *factors]
+
+    @staticmethod
+    def adjust(which: int, images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+        if which == 0:  # torchvision: blend with black = scale, clamped
+            return kornia().enhance.adjust_brightness_accumulative(images, factors)
+        if which == 1:  # blend with the mean of the grey image
+            return kornia().enhance.adjust_contrast_with_mean_subtraction(images, factors)
+        if which == 2:  # blend with the grey image
+            return kornia().enhance.adjust_saturation_with_gray_subtraction(images, factors)
+        # a turn of the HSV hue, in radians
+        return kornia().enhance.adjust_hue(images, factors * (2 * math.pi))
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        applied, order, factors = params[:, 0] > 0, params[:, 1:5].long(), params[:, 5:9]
+        for position in range(4):
+            for which, valid in enumerate(self.ranges):
+                if valid is None:
+                    continue
+                mask = applied & (order[:, position] == which)
+                images = on_rows(images, mask, lambda rows, at, w=which: self.adjust(
+                    w, rows, per_row(factors[at, w], rows)))
+        return images
+
+    def __repr__(self) -> str:
+        return f"ColorJitterOp({self.jitter!r}, p={self.p})"
+
+
+class GrayscaleOp:
+    """torchvision's RandomGrayscale(p) for 3-channel images (ITU-R 601 luma in every
+    channel). Params: applied."""
+
+    size = 1
+
+    def __init__(self, p: float = 0.1):
+        self.p = float(p)
+
+    def draw(self, view) -> List[float]:
+        return [rand_below(self.p)]
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        if images.shape[1] != 3:
+            return images
+        return on_rows(images, params[:, 0] > 0, lambda rows, at: kornia().color
+                       .rgb_to_grayscale(rows).expand_as(rows))
+
+    def __repr__(self) -> str:
+        return f"GrayscaleOp(p={self.p})"
+
+
+class BlurOp:
+    """A Gaussian blur of odd ``kernel`` pixels with reflected borders and sigma uniform in
+    [sigma_min, sigma_max], with probability ``p``: torchvision's GaussianBlur (p=1), or the
+    engine's ImgPilGaussianBlur, whose radius is the standard deviation of the Gaussian that
+    PIL's filter approximates (here computed exactly, kernel 2*ceil(3*radius_max)+1).
+    Params: applied, sigma."""
+
+    size = 2
+
+    def __init__(self, kernel: int, sigma_min: float, sigma_max: float, p: float = 1.0):
+        if kernel % 2 == 0 or kernel < 1:
+            raise ValueError(f"the blur's kernel size must be odd and positive, got {kernel}")
+        self.kernel, self.sigma_min, self.sigma_max, self.p = kernel, sigma_min, sigma_max, p
+
+    def draw(self, view) -> List[float]:
+        if self.p < 1 and not rand_below(self.p):
+            return [0.0, 0.0]
+        return [1.0, T.GaussianBlur.get_params(self.sigma_min, self.sigma_max)]  # uniform
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        # reflected borders need a half-kernel under the image's side (torchvision refuses it)
+        size = min(self.kernel, 2 * (min(images.shape[-2:]) - 1) + 1)
+        return on_rows(images, params[:, 0] > 0, lambda rows, at: kornia().filters.gaussian_blur2d(
+            rows, (size, size), per_row(params[at, 1], rows)[:, None].expand(-1, 2),
+            border_type="reflect"))
+
+    def __repr__(self) -> str:
+        return f"BlurOp(kernel={self.kernel}, sigma=[{self.sigma_min}, {self.sigma_max}], " \
+               f"p={self.p})"
+
+
+class SolarizeOp:
+    """With probability ``p``, every value >= a threshold inverted (1 - x), the threshold
+    fixed or, for None, drawn uniformly from 0..256 levels (the engine's
+    ImgPilRandomSolarize; 256 changes nothing). Params: applied, threshold in [0, 1] units."""
+
+    size = 2
+
+    def __init__(self, p: float, threshold=None):
+        self.p, self.threshold = float(p), threshold
+
+    def draw(self, view) -> List[float]:
+        if not rand_below(self.p):
+            return [0.0, 2.0]
+        level = torch.randint(0, 257, ()).item() if self.threshold is None else self.threshold
+        return [1.0, level / 255.0]
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        return on_rows(images, params[:, 0] > 0, lambda rows, at: kornia().enhance.solarize(
+            rows, per_row(params[at, 1], rows)))
+
+    def __repr__(self) -> str:
+        return f"SolarizeOp(p={self.p}, threshold={self.threshold})"
+
+
+class NormalizeOp:
+    """torchvision's Normalize: (x - mean) / std per channel. No params."""
+
+    size = 0
+
+    def __init__(self, mean, std):
+        self.mean, self.std = torch.tensor(mean, dtype=torch.float32), \
+            torch.tensor(std, dtype=torch.float32)
+
+    def draw(self, view) -> List[float]:
+        return []
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        return kornia().enhance.normalize(images, self.mean.to(images.device, non_blocking=True),
+                                 self.std.to(images.device, non_blocking=True))
+
+    def __repr__(self) -> str:
+        return f"NormalizeOp(mean={self.mean.tolist()}, std={self.std.tolist()})"
+
+
+class ErasingOp:
+    """torchvision's RandomErasing with a constant value: with probability ``p``, a rectangle
+    of area ``scale`` and aspect ``ratio`` (``RandomErasing.get_params``) set to ``value``.
+    Params: applied, top, left, height, width."""
+
+    size = 5
+
+    def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0.0):
+        if not isinstance(value, (int, float)):
+            raise ValueError(f"on the device RandomErasing takes one number as value, got {value}")
+        self.p, self.scale, self.ratio, self.value = float(p), tuple(scale), tuple(ratio), value
+
+    def draw(self, view) -> List[float]:
+        if not rand_below(self.p):
+            return [0.0, 0, 0, 0, 0]
+        top, left, height, width, _ = T.RandomErasing.get_params(
+            view, self.scale, self.ratio, [float(self.value)])
+        return [1.0, top, left, height, width]
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        box = params.to(images.device, non_blocking=True)[:, :, None, None]
+        ys = torch.arange(images.shape[-2], device=images.device)[None, :, None]
+        xs = torch.arange(images.shape[-1], device=images.device)[None, None, :]
+        inside = (box[:, 0] > 0) & (ys >= box[:, 1]) & (ys < box[:, 1] + box[:, 3]) \
+            & (xs >= box[:, 2]) & (xs < box[:, 2] + box[:, 4])
+        return images.masked_fill(inside[:, None], float(self.value))
+
+    def __repr__(self) -> str:
+        return f"ErasingOp(p={self.p}, scale={self.scale}, ratio={self.ratio})"
+
+
+def device_ops(transform) -> list:
+    """The ops standing for ``transform`` (a built transform of the chain: the distributions
+    and validated arguments are its own), or None when it has no device counterpart. ToTensor
+    is no op: every batch is first scaled from uint8 to [0, 1]."""
+    if isinstance(transform, T.ToTensor):
+        return []
+    if isinstance(transform, T.ColorJitter):
+        return [ColorJitterOp(transform)]
+    if isinstance(transform, ImgPilColorDistortion):  # SimCLR: jitter p=0.8, then grey p=0.2
+        return [ColorJitterOp(simclr_jitter(transform.strength), 0.8), GrayscaleOp(0.2)]
+    if isinstance(transform, ImgPilRandomColorJitter):
+        return [ColorJitterOp(transform.jitter, transform.p)]
+    if isinstance(transform, T.RandomGrayscale):
+        return [GrayscaleOp(transform.p)]
+    if isinstance(transform, T.GaussianBlur):  # also the engine's GaussianBlur
+        if transform.kernel_size[0] != transform.kernel_size[1]:
+            raise ValueError("on the device GaussianBlur takes a square kernel")
+        return [BlurOp(transform.kernel_size[0], *transform.sigma)]
+    if isinstance(transform, ImgPilGaussianBlur):
+        return [BlurOp(2 * math.ceil(3 * transform.radius_max) + 1, transform.radius_min,
+                       transform.radius_max, transform.p)]
+    if isinstance(transform, ImgPilRandomSolarize):
+        return [SolarizeOp(transform.p, transform.threshold)]
+    if isinstance(transform, T.Normalize):
+        return [NormalizeOp(transform.mean, transform.std)]
+    if isinstance(transform, T.RandomErasing):
+        return [ErasingOp(transform.p, transform.scale, transform.ratio, transform.value)]
+    return None
