@@ -50,6 +50,7 @@ def test_dino_vit_s16_loads_in_timm_with_equal_features_and_layers(tmp_path):
     assert description["input_size"] == [3, 224, 224]
     assert description["mean"] == [0.485, 0.456, 0.406]
     assert description["layers"]["concatCLS4"] == 4 * 384
+    assert description["left_out"] == [] and description["load_strict"]
 
     x = images(1, 224)
     with torch.no_grad():

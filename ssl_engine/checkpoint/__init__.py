@@ -3,7 +3,9 @@ loading), the layouts of VISSL and torchvision (``formats``), starting a model f
 file (``weights_init``, MODEL.WEIGHTS_INIT) and what a training checkpoint holds
 (``training``: built for ``CheckpointHook``, checked before the ``train`` engine launches) and
 whether a config trains the model, loss and task of the checkpoint it resumes
-(``resume_match``).
+(``resume_match``); the trunks' timm and torchvision counterparts (``counterparts``,
+``counterpart_maps``), the layout of a weights file read from its keys (``layouts``) and the
+export of a model for other libraries (``export``, ``tools/export_model.py``).
 
 Above utils and models, below config, hooks, trainer and engines: the hook, the trainer and
 the engines call it; it imports none of them."""

@@ -125,11 +125,16 @@ def export_model(model_state: Mapping[str, Any], model_cfg, target: str, out: Pa
     head_state = dict(model_state["heads"]) if heads else {}
     if target in TARGETS:
         match = counterpart(model_cfg, target, trunk)
-        save_tensors(match.to_target(trunk_state), out, torch_file)
+        converted = match.to_target(trunk_state)
+        save_tensors(converted, out, torch_file)
+        kept = match.from_target(converted)
         description.update(library=match.library, model_name=match.model_name,
                            model_kwargs=match.kwargs, build=match.call(),
                            load_strict=match.strict, not_in_file=match.extra,
-                           features=match.features)
+                           features=match.features,
+                           # the trunk's tensors the library has not (iBOT's mask token) or
+                           # computes itself (relative position indices)
+                           left_out=[k for k in trunk_state if k not in kept])
         if head_state:
             head_path = out.with_name(f"{out.stem}.heads{out.suffix or '.safetensors'}")
             save_tensors(head_state, head_path, torch_file)
