@@ -62,6 +62,19 @@ def test_forked_readers_share_the_table_and_copy_the_list():
     assert table.nbytes < 0.5 * sum(len(path) + 100 for path, _ in listing)
 
 
+def test_a_worker_started_by_a_forkserver_gets_the_table_as_a_handle():
+    """The engine's ranks start their workers with a forkserver: the dataset is pickled to each
+    (multiprocessing's ForkingPickler, with torch's reductions). The table travels as handles to
+    its shared memory; the list is copied whole. Unpickled, the table reads the same."""
+    from multiprocessing.reduction import ForkingPickler
+
+    listing = fake_listing(20_000)
+    table = SampleTable(listing)
+    table_bytes, list_bytes = ForkingPickler.dumps(table), ForkingPickler.dumps(listing)
+    assert len(table_bytes) < 5_000 < 1_000_000 < len(list_bytes)
+    assert ForkingPickler.loads(table_bytes)[19_999] == listing[19_999]
+
+
 def test_the_table_keeps_any_path_and_refuses_an_index_out_of_range():
     odd = [("/data/ä b/\udcff.png", 3), ("", 0), ("/x.jpg", 2**40)]
     table = SampleTable(odd)
