@@ -8,7 +8,7 @@ import logging
 
 import torch
 import torchvision
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from counterpart_utils import (ROOT, TOLERANCE, engine_model, images, max_diff, model_cfg,
@@ -77,3 +77,30 @@ def test_a_run_folder_exports_its_latest_checkpoint(tmp_path):
     x = images(2, 64)
     with torch.no_grad():
         assert max_diff(model.trunk(x)[0], net.eval()(x)) == 0  # the last phase's model
+
+
+def test_vissl_and_weights_only_resnets_export_with_a_given_config(tmp_path):
+    """A VISSL ResNet (``_feature_blocks.``) and a weights-only file of this engine (its own
+    names) hold no config: both export with ``--config`` and give the same torchvision file."""
+    from ssl_engine.checkpoint.formats import vissl_checkpoint
+
+    spec = importlib.util.spec_from_file_location("export_model", ROOT / "tools/export_model.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    model = engine_model(RESNET18, seed=0)
+    state = model.get_classy_state()["model"]
+    files = {"vissl": vissl_checkpoint(state, "_feature_blocks."),
+             "engine": engine_checkpoint(state)}
+    written = {}
+    for name, checkpoint in files.items():
+        torch.save(checkpoint, tmp_path / f"{name}.torch")
+        out = tmp_path / f"{name}_resnet18.safetensors"
+        assert tool.main([str(tmp_path / f"{name}.torch"), "--to", "torchvision", "--out",
+                          str(out), "--config", "config=test/quick_simclr_synthetic",
+                          "config.MODEL.TRUNK.RESNETS.DEPTH=18",
+                          "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=1.0",
+                          "config.MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM=false"]) == 0
+        written[name] = load_file(str(out))
+    assert set(written["vissl"]) == set(written["engine"]) == set(
+        k for k in torchvision.models.resnet18().state_dict() if not k.startswith("fc."))
+    assert all(torch.equal(v, written["engine"][k]) for k, v in written["vissl"].items())

@@ -21,9 +21,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 
 from ssl_engine.checkpoint.counterparts import TARGETS, counterpart
-from ssl_engine.checkpoint.formats import (is_vissl_checkpoint, is_vissl_vit_trunk,
-                                           model_state_from_vissl, model_state_of,
-                                           trunk_vissl_layout, vissl_checkpoint,
+from ssl_engine.checkpoint.formats import (is_vissl_checkpoint, is_vissl_model_state,
+                                           is_vissl_vit_trunk, model_state_from_vissl,
+                                           model_state_of, trunk_vissl_layout, vissl_checkpoint,
                                            vissl_key_prefix, vit_trunk_from_vissl,
                                            vit_trunk_to_vissl)
 from ssl_engine.checkpoint.io import latest_checkpoint_path, load_checkpoint
@@ -60,10 +60,12 @@ def read_source(source: Path) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]],
 
 def from_vissl_if_needed(checkpoint_state: Dict[str, Any], trunk_name: str,
                          is_vissl: bool) -> Dict[str, Any]:
-    """A VISSL model state read in this engine's names (the ViT's too)."""
-    if not is_vissl:
+    """A VISSL model state read in this engine's names (the ViT's too); a weights-only file of
+    this engine (no config either, but this engine's names) is returned as it is."""
+    prefix = vissl_key_prefix(trunk_name)
+    if not is_vissl or (prefix and not is_vissl_model_state(checkpoint_state, prefix)):
         return checkpoint_state
-    state = model_state_from_vissl(checkpoint_state, vissl_key_prefix(trunk_name))
+    state = model_state_from_vissl(checkpoint_state, prefix)
     if trunk_name == "vision_transformer" and is_vissl_vit_trunk(state["trunk"]):
         state["trunk"] = vit_trunk_from_vissl(state["trunk"])
     return state
