@@ -86,39 +86,46 @@ def worker_costs(images: int, rounds: int) -> dict:
 
 
 def decoders():
-    """name -> a function decoding JPEG bytes to an RGB uint8 [H, W, 3] array, for the
-    decoders installed here."""
+    """name -> a function decoding JPEG bytes to the RGB PIL image the workers' crops take,
+    for the decoders installed here."""
     import torchvision.io as tvio
-    found = {"PIL (the engine's reader)": lambda data: np.asarray(pil_decode(data)),
-             "torchvision.io.decode_jpeg": lambda data: tvio.decode_jpeg(
-                 torch.frombuffer(bytearray(data), dtype=torch.uint8)).permute(1, 2, 0).numpy()}
+
+    def torchvision_decode(data):
+        pixels = tvio.decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                                  mode=tvio.ImageReadMode.RGB)
+        return Image.fromarray(pixels.permute(1, 2, 0).numpy())
+
+    found = {"PIL (the engine's reader)": pil_decode,
+             "torchvision.io.decode_jpeg": torchvision_decode}
     try:
         import simplejpeg
-        found["simplejpeg (exact DCT and upsampling)"] = lambda data: simplejpeg.decode_jpeg(
-            data, colorspace="RGB", fastdct=False, fastupsample=False)
-        found["simplejpeg (fast DCT and upsampling)"] = lambda data: simplejpeg.decode_jpeg(
-            data, colorspace="RGB", fastdct=True, fastupsample=True)
+        found["simplejpeg (exact DCT and upsampling)"] = lambda data: Image.fromarray(
+            simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False))
+        found["simplejpeg (fast DCT and upsampling)"] = lambda data: Image.fromarray(
+            simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True))
     except ImportError:
         pass
     try:
         import turbojpeg
         jpeg = turbojpeg.TurboJPEG()
-        found["PyTurboJPEG"] = lambda data: jpeg.decode(data, pixel_format=turbojpeg.TJPF_RGB)
+        found["PyTurboJPEG"] = lambda data: Image.fromarray(
+            jpeg.decode(data, pixel_format=turbojpeg.TJPF_RGB))
     except (ImportError, RuntimeError):  # RuntimeError: no libturbojpeg on the system
         pass
     return found
 
 
-def draft_decode(data: bytes, scale: int) -> np.ndarray:
+def draft_decode(data: bytes, scale: int) -> Image.Image:
     """PIL's draft mode: libjpeg's DCT scaling by 1/``scale``."""
     with Image.open(io.BytesIO(data)) as image:
         image.draft("RGB", (image.width // scale, image.height // scale))
-        return np.asarray(image.convert("RGB"))
+        return image.convert("RGB")
 
 
 def decoder_costs(rounds: int, repeats: int = 40):
-    """(name, microseconds per 500x375 JPEG, largest pixel difference from PIL or None for
-    another size) for each decoder and PIL's draft mode at 1/2 and 1/4."""
+    """(name, microseconds per 500x375 JPEG decoded to a PIL image, largest pixel difference
+    from PIL or None for another size, the size) for each decoder and PIL's draft mode at 1/2
+    and 1/4."""
     data = sample_jpeg()
     reference = np.asarray(pil_decode(data)).astype(np.int16)
     cases = dict(decoders())
@@ -126,7 +133,7 @@ def decoder_costs(rounds: int, repeats: int = 40):
     cases["PIL draft mode 1/4"] = lambda data: draft_decode(data, 4)
     rows = []
     for name, decode in cases.items():
-        out = decode(data)
+        out = np.asarray(decode(data))
         diff = int(np.abs(out.astype(np.int16) - reference).max()) \
             if out.shape == reference.shape else None
         rows.append((name, timed(decode, [data] * repeats, rounds), diff, out.shape))

@@ -80,26 +80,34 @@ class DeviceAugmentation:
                                dtype=torch.float32) for view in views]
         return views, params
 
-    def __call__(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    def slices(self, params: torch.Tensor) -> List[torch.Tensor]:
+        """``params`` [N, size] cut into each op's columns."""
+        return list(params.split([op.size for op in self.ops], dim=1))
+
+    def plan(self, params: torch.Tensor) -> list:
+        """Each op's rows to change (CPU indices), made where reading values costs nothing:
+        in the loader's collator."""
+        return [op.plan(part) for op, part in zip(self.ops, self.slices(params))]
+
+    def __call__(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
         """uint8 [N, C, H, W] ``images`` (on any device) -> the augmented float32 batch;
-        ``params``: [N, size] on the CPU, row n drawn for image n."""
+        ``params``: [N, size] on the CPU, row n drawn for image n; ``plan`` from ``plan``."""
         images = images.float().div_(255)
-        start = 0
-        for op in self.ops:
-            images = op.apply(images, params[:, start:start + op.size])
-            start += op.size
+        plan = self.plan(params) if plan is None else plan
+        for op, part, rows in zip(self.ops, self.slices(params), plan):
+            images = op.apply(images, part, rows)
         return images
 
     def on_device(self, batch: dict, move: Callable) -> dict:
         """``batch`` (from a loader of this split) moved by ``move`` and augmented; its
         parameters stay on the CPU (indices of rows are chosen there, so nothing waits)."""
-        params = batch.pop(PARAMS_KEY)
+        groups = batch.pop(PARAMS_KEY)  # (params, plan) per run of same-size views
         batch = move(batch)
         inputs = batch["input"]
         if isinstance(inputs, torch.Tensor):
-            batch["input"] = move(self(inputs, params[0]))
+            batch["input"] = move(self(inputs, *groups[0]))
         else:
-            batch["input"] = [move(self(group, rows)) for group, rows in zip(inputs, params)]
+            batch["input"] = [move(self(group, *rows)) for group, rows in zip(inputs, groups)]
         return batch
 
     def __repr__(self) -> str:
@@ -115,14 +123,16 @@ def rows_of_params(samples: List[dict]) -> List[torch.Tensor]:
 
 
 class DeviceParamsCollator:
-    """``collate``'s batch plus the parameters of its rows (picklable, for loader workers)."""
+    """``collate``'s batch plus, per run of same-size views, the parameters of its rows and
+    ``augmentation``'s plan for them (picklable, for loader workers)."""
 
-    def __init__(self, collate: Callable):
-        self.collate = collate
+    def __init__(self, collate: Callable, augmentation: DeviceAugmentation):
+        self.collate, self.augmentation = collate, augmentation
 
     def __call__(self, samples):
         batch = self.collate(samples)
-        batch[PARAMS_KEY] = rows_of_params(samples)
+        batch[PARAMS_KEY] = [(params, self.augmentation.plan(params))
+                             for params in rows_of_params(samples)]
         return batch
 
 

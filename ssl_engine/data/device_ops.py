@@ -7,6 +7,9 @@ the training process *applies* them to a whole batch at once on its device (CUDA
 Each op has ``size`` (floats per view), ``draw(view) -> list`` (``view``: the uint8 [C, H, W]
 crop) and ``apply(images, params) -> images`` (``images``: float [N, C, H, W] in the
 transform's value range, on the device; ``params``: the [N, size] float CPU tensor of draws).
+``plan(params)`` picks the rows each step of ``apply`` changes, as CPU index tensors: the
+loader's collator calls it (in the worker), so that ``apply(images, params, plan)`` in the
+training step reads nothing back and sizes nothing by the data (no host waits on a GPU).
 The distributions are torchvision's (or the engine transform's that the op stands for); the
 formulas are torchvision's tensor formulas (tests/test_device_augmentation.py compares both).
 """
@@ -42,12 +45,16 @@ def rand_below(p: float) -> float:
     return float(torch.rand(1).item() < p)
 
 
-def on_rows(images: torch.Tensor, mask: torch.Tensor, fn) -> torch.Tensor:
-    """``images`` with the rows selected by the CPU ``mask`` replaced by ``fn(those rows,
-    their positions)``; untouched when no row is selected."""
-    if not bool(mask.any()):
+def applied_rows(params: torch.Tensor) -> torch.Tensor:
+    """The rows whose first parameter (applied or not) is set."""
+    return torch.nonzero(params[:, 0] > 0).flatten()
+
+
+def on_rows(images: torch.Tensor, positions: torch.Tensor, fn) -> torch.Tensor:
+    """``images`` with the rows at the CPU indices ``positions`` replaced by ``fn(those rows,
+    positions)``; untouched when there are none."""
+    if positions.numel() == 0:
         return images
-    positions = mask.nonzero().flatten()
     rows = positions.to(images.device, non_blocking=True)
     return images.index_copy(0, rows, fn(images.index_select(0, rows), positions))
 
@@ -89,22 +96,32 @@ class ColorJitterOp:
         # a turn of the HSV hue, in radians
         return kornia().enhance.adjust_hue(images, factors * (2 * math.pi))
 
-    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        applied, order, factors = params[:, 0] > 0, params[:, 1:5].long(), params[:, 5:9]
-        for position in range(4):
-            for which, valid in enumerate(self.ranges):
-                if valid is None:
-                    continue
-                mask = applied & (order[:, position] == which)
-                images = on_rows(images, mask, lambda rows, at, w=which: self.adjust(
-                    w, rows, per_row(factors[at, w], rows)))
+    def plan(self, params: torch.Tensor) -> list:
+        """For each position in the order, then each component: the rows it changes there."""
+        applied, order = params[:, 0] > 0, params[:, 1:5].long()
+        return [torch.nonzero(applied & (order[:, position] == which)).flatten()
+                if self.ranges[which] is not None else torch.zeros(0, dtype=torch.long)
+                for position in range(4) for which in range(4)]
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
+        factors = params[:, 5:9]
+        for step, positions in enumerate(self.plan(params) if plan is None else plan):
+            images = on_rows(images, positions, lambda rows, at, w=step % 4: self.adjust(
+                w, rows, per_row(factors[at, w], rows)))
         return images
 
     def __repr__(self) -> str:
         return f"ColorJitterOp({self.jitter!r}, p={self.p})"
 
 
-class GrayscaleOp:
+class AppliedOp:
+    """An op that changes the rows whose first parameter (applied or not) is set."""
+
+    def plan(self, params: torch.Tensor) -> list:
+        return [applied_rows(params)]
+
+
+class GrayscaleOp(AppliedOp):
     """torchvision's RandomGrayscale(p) for 3-channel images (ITU-R 601 luma in every
     channel). Params: applied."""
 
@@ -116,17 +133,18 @@ class GrayscaleOp:
     def draw(self, view) -> List[float]:
         return [rand_below(self.p)]
 
-    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
+        positions = self.plan(params)[0] if plan is None else plan[0]
         if images.shape[1] != 3:
             return images
-        return on_rows(images, params[:, 0] > 0, lambda rows, at: kornia().color
+        return on_rows(images, positions, lambda rows, at: kornia().color
                        .rgb_to_grayscale(rows).expand_as(rows))
 
     def __repr__(self) -> str:
         return f"GrayscaleOp(p={self.p})"
 
 
-class BlurOp:
+class BlurOp(AppliedOp):
     """A Gaussian blur of odd ``kernel`` pixels with reflected borders and sigma uniform in
     [sigma_min, sigma_max], with probability ``p``: torchvision's GaussianBlur (p=1), or the
     engine's ImgPilGaussianBlur, whose radius is the standard deviation of the Gaussian that
@@ -145,19 +163,27 @@ class BlurOp:
             return [0.0, 0.0]
         return [1.0, T.GaussianBlur.get_params(self.sigma_min, self.sigma_max)]  # uniform
 
-    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
+        positions = self.plan(params)[0] if plan is None else plan[0]
         # reflected borders need a half-kernel under the image's side (torchvision refuses it)
         size = min(self.kernel, 2 * (min(images.shape[-2:]) - 1) + 1)
-        return on_rows(images, params[:, 0] > 0, lambda rows, at: kornia().filters.gaussian_blur2d(
-            rows, (size, size), per_row(params[at, 1], rows)[:, None].expand(-1, 2),
-            border_type="reflect"))
+        return on_rows(images, positions, lambda rows, at: self.blur(
+            rows, size, per_row(params[at, 1], rows)[:, None]))
+
+    @staticmethod
+    def blur(rows: torch.Tensor, size: int, sigmas: torch.Tensor) -> torch.Tensor:
+        """Each row blurred with its own sigma ([n, 1]): one 1-d kernel per row, applied along
+        both axes (kornia's gaussian_blur2d, minus its check that the sigmas are positive,
+        which reads them back from the device; they are drawn positive)."""
+        kernel = kornia().filters.get_gaussian_kernel1d(size, sigmas)
+        return kornia().filters.filter2d_separable(rows, kernel, kernel, "reflect")
 
     def __repr__(self) -> str:
         return f"BlurOp(kernel={self.kernel}, sigma=[{self.sigma_min}, {self.sigma_max}], " \
                f"p={self.p})"
 
 
-class SolarizeOp:
+class SolarizeOp(AppliedOp):
     """With probability ``p``, every value >= a threshold inverted (1 - x), the threshold
     fixed or, for None, drawn uniformly from 0..256 levels (the engine's
     ImgPilRandomSolarize; 256 changes nothing). Params: applied, threshold in [0, 1] units."""
@@ -173,8 +199,9 @@ class SolarizeOp:
         level = torch.randint(0, 257, ()).item() if self.threshold is None else self.threshold
         return [1.0, level / 255.0]
 
-    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        return on_rows(images, params[:, 0] > 0, lambda rows, at: kornia().enhance.solarize(
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
+        positions = self.plan(params)[0] if plan is None else plan[0]
+        return on_rows(images, positions, lambda rows, at: kornia().enhance.solarize(
             rows, per_row(params[at, 1], rows)))
 
     def __repr__(self) -> str:
@@ -193,7 +220,10 @@ class NormalizeOp:
     def draw(self, view) -> List[float]:
         return []
 
-    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    def plan(self, params: torch.Tensor) -> list:
+        return []
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
         return kornia().enhance.normalize(images, self.mean.to(images.device, non_blocking=True),
                                  self.std.to(images.device, non_blocking=True))
 
@@ -220,7 +250,10 @@ class ErasingOp:
             view, self.scale, self.ratio, [float(self.value)])
         return [1.0, top, left, height, width]
 
-    def apply(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    def plan(self, params: torch.Tensor) -> list:
+        return []
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
         box = params.to(images.device, non_blocking=True)[:, :, None, None]
         ys = torch.arange(images.shape[-2], device=images.device)[None, :, None]
         xs = torch.arange(images.shape[-1], device=images.device)[None, None, :]

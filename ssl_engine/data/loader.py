@@ -97,7 +97,7 @@ def with_device_params(dataset, collate):
     the device (DATA.<split>.DEVICE_AUGMENTATION)."""
     if getattr(dataset, "device_augmentation", None) is None:
         return collate
-    return DeviceParamsCollator(collate)
+    return DeviceParamsCollator(collate, dataset.device_augmentation)
 
 
 class LabelNamingCollator:
