@@ -7,6 +7,15 @@ from ssl_engine.checkpoint import (iteration_checkpoint_name, phase_checkpoint_n
 from ssl_engine.hooks.base import SSLHook
 
 
+def check_losses(task) -> None:
+    """Stop before saving if a loss since the last check was NaN or infinite
+    (HOOKS.CHECK_NAN, utils/loss_watch.py): a checkpoint never holds such an update. Saving
+    copies the weights to the host anyway, so this read-back costs no extra wait."""
+    watch = getattr(task, "loss_watch", None)  # hand-made tasks of the tests have none
+    if watch is not None:
+        watch.check()
+
+
 class CheckpointHook(SSLHook):
     def __init__(self, checkpoint_folder: str, phase_frequency: int, iteration_frequency: int,
                  save_on_stop: bool = True):
@@ -24,6 +33,7 @@ class CheckpointHook(SSLHook):
             return
         due = self.iteration_frequency > 0 and task.iteration % self.iteration_frequency == 0
         if due or self._stops_here(task):
+            check_losses(task)
             save_task_checkpoint(task, self.folder, iteration_checkpoint_name(task.iteration),
                                  "iteration", phase_complete=False)
 
@@ -42,4 +52,5 @@ class CheckpointHook(SSLHook):
         if name is None and self._stops_here(task):
             name = iteration_checkpoint_name(task.iteration)
         if name is not None:
+            check_losses(task)
             save_task_checkpoint(task, self.folder, name, "phase", phase_complete=True)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.utils.distributed import is_primary
+from ssl_engine.utils.metrics_store import MetricsWriter, Record
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ def embedding_std(embedding: torch.Tensor) -> torch.Tensor:
 
 class CollapseMonitorHook(SSLHook):
     """After every training forward pass, the statistics go to the metrics store's series
-    ``"monitor"`` (the log averages them like the loss terms); the first time they show
-    collapse, a warning."""
+    ``"monitor"`` (the log averages them like the loss terms); the first time the means of
+    a log line show collapse, a warning (at once for a hand-made task without a config)."""
 
     def __init__(self, min_embedding_std: float):
         super().__init__()
@@ -58,11 +59,20 @@ class CollapseMonitorHook(SSLHook):
                     "towards a point")
         return task.loss.collapse_warning(stats)
 
+    def on_start(self, task) -> None:
+        task.metrics.add_writer(_WarnOnRows(self, task))
+
     def on_loss_and_meter(self, task) -> None:
         if not task.train:
             return
         stats = self.statistics(task)
         task.metrics.put("monitor", stats)
+        if getattr(task, "config", None) is None:  # a hand-made task: no log rows to wait for
+            self.warn_once(task, stats)
+
+    def warn_once(self, task, stats) -> None:
+        """The warning, the first time ``stats`` (tensors or the log's floats) show
+        collapse."""
         if self.warned:
             return
         message = self.warning(task, stats)
@@ -72,3 +82,17 @@ class CollapseMonitorHook(SSLHook):
                 logger.warning("collapse at iteration %d: %s; the features will be no better than "
                                "a random network's unless it recovers (docs/methods.md)",
                                task.iteration, message)
+
+
+class _WarnOnRows(MetricsWriter):
+    """The monitor's warning judged on the statistics the log line shows (the means of the
+    window, already read back from the device): judging each step's tensors would make the
+    host wait for the device at every step."""
+
+    def __init__(self, hook: CollapseMonitorHook, task):
+        self.hook, self.task = hook, task
+
+    def write(self, record: Record) -> None:
+        monitor = record.row.get("monitor") if record.kind == "step" else None
+        if monitor:
+            self.hook.warn_once(self.task, monitor)

@@ -224,19 +224,22 @@ class OnlineLinearProbeHook(SSLHook):
         features, targets = gather_from_all(features), gather_from_all(targets)
         with torch.autocast(features.device.type, enabled=False), torch.enable_grad():
             self.probe.train()
-            labelled = targets >= 0
-            if not labelled.any():  # the same on every rank: all hold the gathered batch
-                return
-            logits = self.probe(features[labelled])
-            loss = F.cross_entropy(logits, targets[labelled].long())
+            # the unlabelled images (target < 0) weigh nothing; weights instead of a boolean
+            # selection, whose size the host would wait for (a batch without labels then
+            # makes a step of weight decay and momentum alone)
+            labelled = (targets >= 0).float()
+            count = labelled.sum().clamp(min=1)
+            logits = self.probe(features)
+            losses = F.cross_entropy(logits, targets.long().clamp(min=0), reduction="none")
+            loss = (losses * labelled).sum() / count
             if self.cosine:  # from LR at the start of the run to 0 at its end
                 for group in self.optimizer.param_groups:
                     group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * task.where))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-        correct = (logits.detach().argmax(dim=1) == targets[labelled]).float()
-        task.metrics.put("online_probe_train_top1", 100 * correct.mean())
+        correct = (logits.detach().argmax(dim=1) == targets).float() * labelled
+        task.metrics.put("online_probe_train_top1", 100 * correct.sum() / count)
 
     @torch.no_grad()
     def _evaluate(self, task):

@@ -16,7 +16,11 @@ def standardize(z: torch.Tensor) -> torch.Tensor:
 
 
 def off_diagonal(matrix: torch.Tensor) -> torch.Tensor:
-    return matrix[~torch.eye(matrix.shape[0], dtype=torch.bool, device=matrix.device)]
+    """The off-diagonal elements of a square ``matrix``, in row-major order, by a view (a
+    boolean mask would size its output on the device and make the host wait): without its last
+    element, the flat matrix is n - 1 rows of n + 1 elements, each starting on the diagonal."""
+    size = matrix.shape[0]
+    return matrix.flatten()[:-1].view(size - 1, size + 1)[:, 1:].flatten()
 
 
 @register_loss("barlow_twins_loss")

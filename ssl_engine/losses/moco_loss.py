@@ -75,9 +75,11 @@ class MoCoLoss(MomentumTargetLoss):
         super().update_target(online, step, total)
         if self._keys_to_enqueue is not None:
             keys, self._keys_to_enqueue = self._keys_to_enqueue, None
-            size, count, start = self.queue.shape[0], keys.shape[0], int(self.queue_ptr)
+            # the pointer stays on the device: reading it would make the host wait
+            size, count, skip = self.queue.shape[0], keys.shape[0], 0
             if count > size:  # a queue smaller than the global batch keeps the last keys
-                keys, start = keys[count - size:], start + count - size
-            rows = (start + torch.arange(keys.shape[0], device=keys.device)) % size
+                keys, skip = keys[count - size:], count - size
+            offsets = torch.arange(skip, skip + keys.shape[0], device=keys.device)
+            rows = (self.queue_ptr + offsets) % size
             self.queue[rows] = keys
-            self.queue_ptr[0] = (int(self.queue_ptr) + count) % size
+            self.queue_ptr.add_(count).remainder_(size)

@@ -35,30 +35,33 @@ def distributed_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, num_iters:
     dtype = torch.float64 if use_double_precision else torch.float32
     scores = scores.detach().to(dtype).t()  # [K, B]
     logits = (scores - _global_row_max(scores)) / epsilon
-    if _underflows(logits):
-        return _log_domain_sinkhorn(logits, num_iters)
+    # both ways, the choice made on the device: reading the underflow flag back would make the
+    # host wait for the device (the log-domain iterations cost about as much again, on [K, B])
+    underflows = _underflows(logits)
+    safe = _log_domain_sinkhorn(logits, num_iters)
     q = torch.exp(logits)
     num_prototypes = q.shape[0]
-    global_batch = all_reduce_sum(torch.tensor(float(q.shape[1]), dtype=dtype,
-                                               device=q.device))
+    global_batch = all_reduce_sum(torch.full((), float(q.shape[1]), dtype=dtype,
+                                             device=q.device))
     q /= all_reduce_sum(q.sum())
     for _ in range(num_iters):
         q /= all_reduce_sum(q.sum(dim=1, keepdim=True))  # each prototype: total mass 1 ...
         q /= num_prototypes                              # ... then 1/K
         q /= q.sum(dim=0, keepdim=True)                  # each sample: mass 1 ...
         q /= global_batch                                # ... then 1/B_global
-    return (q * global_batch).t()
+    return torch.where(underflows, safe, (q * global_batch).t())
 
 
-def _underflows(logits: torch.Tensor) -> bool:
+def _underflows(logits: torch.Tensor) -> torch.Tensor:
     """Whether, on any rank, a sample's every ``exp(logit)`` [K, B] comes near the dtype's
     smallest normal number (a low epsilon and a sample far from every prototype's best):
-    its column would sum to 0 and the division make the whole batch NaN."""
+    its column would sum to 0 and the division make the whole batch NaN. A boolean tensor on
+    the device (not read back)."""
     floor = 0.5 * math.log(torch.finfo(logits.dtype).tiny)  # about -44 in float32
     flag = (logits.max(dim=0).values < floor).any().to(logits.dtype).reshape(1)
     if is_distributed():
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return flag[0] > 0
 
 
 def _global_logsumexp_over_samples(log_q: torch.Tensor) -> torch.Tensor:
@@ -71,8 +74,8 @@ def _log_domain_sinkhorn(logits: torch.Tensor, num_iters: int) -> torch.Tensor:
     """``distributed_sinkhorn``'s iterations on the logarithms of ``Q`` (``logits`` [K, B]):
     the same assignments, none of them lost to underflow."""
     num_prototypes = logits.shape[0]
-    global_batch = all_reduce_sum(torch.tensor(float(logits.shape[1]), dtype=logits.dtype,
-                                               device=logits.device))
+    global_batch = all_reduce_sum(torch.full((), float(logits.shape[1]), dtype=logits.dtype,
+                                             device=logits.device))
     log_q = logits
     for _ in range(num_iters):
         log_q = log_q - _global_logsumexp_over_samples(log_q) - math.log(num_prototypes)

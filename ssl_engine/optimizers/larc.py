@@ -58,12 +58,15 @@ class LARC:
             if param.grad is None:
                 continue
             param_norm, grad_norm = _whole_norm(param), _whole_norm(param.grad)
-            if param_norm == 0 or grad_norm == 0:
-                continue
+            # a zero norm leaves the gradient as it is: chosen on the device, since reading
+            # the norms back would make the host wait at every parameter
+            untouched = (param_norm == 0) | (grad_norm == 0)
             local_lr = self.trust_coefficient * param_norm / (grad_norm + weight_decay * param_norm + self.eps)
             if self.clip:
                 local_lr = torch.clamp(local_lr / lr, max=1.0) if lr > 0 else torch.ones_like(local_lr)
-            _local(param.grad).add_(_local(param), alpha=weight_decay).mul_(local_lr)
+            grad = _local(param.grad)
+            rescaled = torch.add(grad, _local(param), alpha=weight_decay).mul_(local_lr)
+            grad.copy_(torch.where(untouched, grad, rescaled))
 
     def step(self, closure: Optional[Callable] = None):
         loss = None

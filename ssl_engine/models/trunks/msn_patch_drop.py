@@ -41,6 +41,14 @@ class PatchDrop(nn.Module):
         self.global_view_tokens = int(global_view_tokens or 0)  # 0: every view drops
         self.enabled = True
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        # the same count on the host: reading the buffer back from the device at every call
+        # would make the host wait; a loaded state dict sets both
+        self._host_calls = 0
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if prefix + "calls" in state_dict:  # a checkpoint's tensor, on the host
+            self._host_calls = int(state_dict[prefix + "calls"])
 
     def kept_positions(self, num_patches: int, call: int) -> torch.Tensor:
         """The patch positions (sorted, 0-based among the patches) that call ``call`` keeps."""
@@ -51,13 +59,14 @@ class PatchDrop(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not (self.training and self.enabled and self.drop_ratio > 0):
             return tokens
-        call = int(self.calls)
+        call = self._host_calls
+        self._host_calls += 1
         self.calls += 1
         prefix = self.num_prefix_tokens
         if self.global_view_tokens and tokens.shape[1] - prefix != self.global_view_tokens:
             return tokens  # a local view
-        kept = self.kept_positions(tokens.shape[1] - prefix, call).to(tokens.device) + prefix
-        index = torch.cat([torch.arange(prefix, device=tokens.device), kept])
+        kept = self.kept_positions(tokens.shape[1] - prefix, call) + prefix
+        index = torch.cat([torch.arange(prefix), kept]).to(tokens.device, non_blocking=True)
         return tokens.index_select(1, index)
 
     def extra_repr(self) -> str:

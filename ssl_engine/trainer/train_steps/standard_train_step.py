@@ -14,34 +14,47 @@ from ssl_engine.losses.base import StepContext
 from ssl_engine.trainer.accumulation import average_gradients_over_ranks, gradient_sync_skipped
 from ssl_engine.trainer.train_steps.registry import register_train_step
 from ssl_engine.utils.device import float32_outputs
+from ssl_engine.utils.loss_watch import NonFiniteLossError, non_finite_message
 
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; training stops with what was saved intact."""
+__all__ = ["NonFiniteLossError", "check_loss_is_finite", "watch_loss", "fetch_batch",
+           "forward_loss_and_meters", "backward", "clip_gradients", "update",
+           "accumulate_gradients", "standard_train_step"]
 
 
 def check_loss_is_finite(task, loss: torch.Tensor) -> None:
     """Stop on a NaN or infinite loss unless HOOKS.CHECK_NAN is off (a task without a config
-    always checks)."""
+    always checks). Reads the loss back now: custom steps and hand-made tasks use it; the
+    standard step watches the loss on the device instead (``watch_loss``)."""
     config = getattr(task, "config", None)
     if config is not None and not config.HOOKS.get("CHECK_NAN", True):
         return
     value = loss.item()
     if not math.isfinite(value):
-        raise NonFiniteLossError(
-            f"loss is {value} at iteration {task.iteration} "
-            f"(phase {task.phase_idx}, iteration {task.iteration_num_in_phase} of the phase); "
-            "lower the learning rate or check the data. Checkpoints already written are intact."
-        )
+        raise NonFiniteLossError(non_finite_message(
+            value, (task.iteration, task.phase_idx, task.iteration_num_in_phase)))
+
+
+def watch_loss(task, loss: torch.Tensor) -> None:
+    """HOOKS.CHECK_NAN without a wait for the device: the loss goes to the task's
+    ``loss_watch`` (utils/loss_watch.py), read back where the log line or a checkpoint is
+    written, which stop the run there naming the first non-finite loss. A task without a
+    config or a loss watch checks at once (``check_loss_is_finite``)."""
+    config, watch = getattr(task, "config", None), getattr(task, "loss_watch", None)
+    if config is None or watch is None:
+        check_loss_is_finite(task, loss)
+    elif config.HOOKS.get("CHECK_NAN", True):
+        watch.observe(loss, (task.iteration, task.phase_idx, task.iteration_num_in_phase))
 
 
 def fetch_batch(task):
     """The next batch on the task's device (StopIteration at the end of the phase); sets
-    ``task.last_batch`` and ``task.data_time``."""
+    ``task.last_batch``, ``task.last_host_batch`` (the loader's, still on the host: the log
+    counts its images there without waiting for the device) and ``task.data_time``."""
     start = time.perf_counter()
-    batch = task.to_device(next(task.data_iterator))
+    host_batch = next(task.data_iterator)
+    batch = task.to_device(host_batch)
     task.data_time = time.perf_counter() - start
-    task.last_batch = batch
+    task.last_batch, task.last_host_batch = batch, host_batch
     return batch
 
 
@@ -53,8 +66,9 @@ def loss_terms(loss_module) -> dict:
 
 
 def forward_loss_and_meters(task, batch) -> torch.Tensor:
-    """Forward pass, loss (refused when not finite) and meter updates, with their hooks; the
-    loss and its named terms go to the metrics store (series "loss" and "loss_terms")."""
+    """Forward pass, loss (watched: a non-finite one stops the run, ``watch_loss``) and meter
+    updates, with their hooks; the loss and its named terms go to the metrics store (series
+    "loss" and "loss_terms")."""
     with torch.set_grad_enabled(task.train):
         with task.amp.autocast():  # MODEL.AMP_PARAMS; a no-op when off
             output = task.model(batch["input"])
@@ -62,7 +76,7 @@ def forward_loss_and_meters(task, batch) -> torch.Tensor:
             task.run_hook(Event.on_forward)
         task.loss.begin_step(StepContext.of_task(task))
         loss = task.loss(task.last_model_output, batch["target"])
-    check_loss_is_finite(task, loss)
+    watch_loss(task, loss)
     task.last_loss = loss.detach()
     task.metrics.put("loss", task.last_loss)
     task.metrics.put("loss_terms", loss_terms(task.loss))
