@@ -5,6 +5,7 @@ trackers. The loss, its terms, the collapse statistics and any other series are 
 the store's window (every entry put since the last row, over ranks) and of the phase."""
 import json
 import logging
+import math
 import os
 import resource
 import time
@@ -14,8 +15,10 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ssl_engine.hooks.base import SSLHook
+from ssl_engine.hooks.throughput import throughput
 from ssl_engine.hooks.metrics_writers import JsonWriter, LogLineWriter
 from ssl_engine.utils.distributed import get_world_size, is_primary
+from ssl_engine.utils.loss_watch import NonFiniteLossError, non_finite_message
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +93,25 @@ def batch_counts(batch) -> Tuple[int, int]:
     return len(batch["target"]), views
 
 
+def check_window_loss(task, values: Dict[str, Any]) -> None:
+    """HOOKS.CHECK_NAN where the log reads the window's values: a mean loss that is not
+    finite stops the run (NonFiniteLossError, on every rank: the mean is over the ranks),
+    naming this rank's first non-finite loss (utils/loss_watch.py); a finite one clears the
+    watch. No read-back of its own unless the run stops."""
+    watch = getattr(task, "loss_watch", None)  # hand-made tasks of the tests have none
+    config = getattr(task, "config", None)
+    if watch is None or "loss" not in values or \
+            (config is not None and not config.HOOKS.get("CHECK_NAN", True)):
+        return
+    if math.isfinite(values["loss"]):
+        watch.all_finite()
+        return
+    watch.check()  # raises when this rank saw it
+    raise NonFiniteLossError(non_finite_message(values["loss"], (
+        task.iteration, task.phase_idx, task.iteration_num_in_phase)).replace(
+        "loss is", "the mean loss over the ranks (another rank's loss) is", 1))
+
+
 class LogLossLrEtaHook(SSLHook):
     """Logs phase, iteration, loss, lr, images/s, data time, ETA and peak memory."""
 
@@ -135,10 +157,15 @@ class LogLossLrEtaHook(SSLHook):
             return
         values = task.metrics.reduce_window()  # collective: every rank
         loss, terms = values.get("loss", float("nan")), values.get("loss_terms", {})
+        check_window_loss(task, values)
         monitor = values.get("monitor", {}) if task.train else {}
         others = other_series(values)
         elapsed = time.perf_counter() - self._window_start
-        images, views = (count * get_world_size() for count in batch_counts(task.last_batch))
+        per_iteration = elapsed / max(self._window_steps, 1)
+        # the loader's batch on the host when the step kept it: counting its images there waits
+        # for no device
+        batch = getattr(task, "last_host_batch", None) or task.last_batch
+        images, views = (count * get_world_size() for count in batch_counts(batch))
         record = {
             "phase": task.phase_type,
             "phase_idx": task.phase_idx,
@@ -153,6 +180,8 @@ class LogLossLrEtaHook(SSLHook):
             "images_per_sec": images * self._window_steps / max(elapsed, 1e-9),
             "views_per_sec": views * self._window_steps / max(elapsed, 1e-9),
             "data_time": self._window_data_time / self._window_steps,
+            "iteration_seconds": per_iteration,
+            **throughput(task, per_iteration),  # tflops_per_sec, mfu (hooks/flops_hook.py)
             "eta_seconds": self._eta_seconds(task) if task.train else None,
             "peak_mem_mb": peak_memory_mb(task.device),
         }

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from ssl_engine.checkpoint.io import folder_gone_error
+from ssl_engine.hooks.throughput import throughput_text
 from ssl_engine.utils.metrics_store import MetricsStore, MetricsWriter, Record
 
 logger = logging.getLogger("ssl_engine.hooks.log_hooks")
@@ -79,10 +80,11 @@ class LogLineWriter(MetricsWriter):
         others = row.get("metrics", {})
         logger.info(
             "%s phase %d | iter %d (%d/%d in phase) | loss %.4f%s |%s%s lr %s | %.1f img/s%s | "
-            "data %.3fs | eta %s | peak mem %.0f MiB",
+            "data %.3fs%s | eta %s | peak mem %.0f MiB",
             row["phase"], row["phase_idx"], row["iteration"], row["iteration_in_phase"],
             num_iters_in_phase, row["loss"], terms_text,
             f" collapse monitor:{monitor_text} |" if monitor else "",
             f"{flat_text(others)} |" if others else "", lr_text,
-            row["images_per_sec"], views_text, row["data_time"], eta_text, row["peak_mem_mb"],
+            row["images_per_sec"], views_text, row["data_time"], throughput_text(row), eta_text,
+            row["peak_mem_mb"],
         )

@@ -1,5 +1,6 @@
 """HOOKS.MODEL_COMPLEXITY (flops and parameters at the start) and HOOKS.PERF_STATS (time spent
-in each part of the train step)."""
+in each part of the train step; at the end, with the achieved TFLOP/s and MFU of the FLOPs
+hooks/flops_hook.py counted)."""
 import collections
 import logging
 import time
@@ -9,6 +10,7 @@ import torch
 
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.metrics_writers import write_row
+from ssl_engine.hooks.throughput import throughput, throughput_text
 from ssl_engine.utils.distributed import is_primary
 
 logger = logging.getLogger(__name__)
@@ -186,7 +188,9 @@ class PerfStatsHook(SSLHook):
     def on_end(self, task) -> None:
         if self.run.steps and is_primary():
             means = self.run.mean_ms()
-            logger.info("step time (mean of this run's %d training iterations): %s",
-                        self.run.steps, format_ms(means))
+            # achieved TFLOP/s (and MFU) at the mean step time, with the FLOPs counted
+            speed = throughput(task, means["total"] / 1000, training=True)
+            logger.info("step time (mean of this run's %d training iterations): %s%s",
+                        self.run.steps, format_ms(means), throughput_text(speed))
             write_row(task, {"step_time_ms": means, "scope": "run", "phase_type": "train",
-                             "iterations": self.run.steps}, self.output_dir)
+                             "iterations": self.run.steps, **speed}, self.output_dir)

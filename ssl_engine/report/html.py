@@ -39,11 +39,30 @@ def summary_rows(run: RunFolder) -> List[List[str]]:
             ["wall time of the phases", "-" if wall is None else f"{wall:.1f} s"],
             ["last logged loss", f"{steps[-1]['loss']:.4f}"
              if steps and isinstance(steps[-1].get("loss"), (int, float)) else "-"]]
+    rows += speed_rows(run)
     knn = run.knn_per_epoch()
     if knn:
         rows.append(["last online k-NN top-1", f"{knn[max(knn)]:.2f} %"])
     for name, values in run.probe_per_epoch().items():
         rows.append([f"last {name.replace('_', ' ')}", f"{values[max(values)]:.2f} %"])
+    return rows
+
+
+def speed_rows(run: RunFolder) -> List[List[str]]:
+    """The FLOPs of a training iteration and the achieved TFLOP/s and MFU of the run's mean
+    step time (metrics.json's rows of hooks/flops_hook.py and HOOKS.PERF_STATS), if written."""
+    rows = []
+    counted = [row for row in run.rows if "flops_per_iteration" in row]
+    if counted:
+        rows.append(["FLOPs per training iteration (one process)",
+                     f"{counted[-1]['flops_per_iteration'] / 1e9:.4g} GFLOP"])
+    timed = [row for row in run.rows if row.get("scope") == "run" and "tflops_per_sec" in row]
+    if timed:
+        mfu = timed[-1].get("mfu")
+        rows.append(["achieved TFLOP/s at the mean step time",
+                     f"{timed[-1]['tflops_per_sec']:.3g}" +
+                     (f" (MFU {100 * mfu:.1f}%)" if mfu is not None else " (MFU: no peak known "
+                      "for this device)")])
     return rows
 
 

@@ -9,6 +9,7 @@ from ssl_engine.hooks import (CheckpointHook, CollapseMonitorHook, EmaModelHook,
                               FeatureReportHook, FrozenParamsHook, GpuStatsHook, KnnEvalHook,
                               LogLossLrEtaHook, MemorySummaryHook, ModelComplexityHook,
                               PerfStatsHook, RunReportHook, SSLHook, TensorboardHook)
+from ssl_engine.hooks.flops_hook import FlopsHook
 from ssl_engine.hooks.mlflow_hook import MlflowHook
 from ssl_engine.hooks.online_probe_hook import OnlineLinearProbeHook
 from ssl_engine.hooks.registry import HOOK_REGISTRY
@@ -31,6 +32,8 @@ def default_hook_generator(cfg) -> List[SSLHook]:
     if perf.MONITOR_PERF_STATS or perf.ROLLING_BTIME_FREQ > 0:  # first: it times the others
         hooks.append(PerfStatsHook(cfg.CHECKPOINT.DIR, perf.PERF_STAT_FREQUENCY,
                                    perf.ROLLING_BTIME_FREQ, perf.SYNCHRONIZE_GPU))
+    if perf.MONITOR_PERF_STATS:  # before the log hook: its lines show TFLOP/s and MFU
+        hooks.append(FlopsHook(cfg.CHECKPOINT.DIR))
     hooks.append(LogLossLrEtaHook(cfg.LOG_FREQUENCY, cfg.CHECKPOINT.DIR))
     if not cfg.TEST_ONLY:
         hooks.append(CheckpointHook(cfg.CHECKPOINT.DIR, cfg.CHECKPOINT.CHECKPOINT_FREQUENCY,

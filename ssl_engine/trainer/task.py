@@ -32,6 +32,7 @@ from ssl_engine.utils import rng
 from ssl_engine.utils.classy import ClassyTask, register_task
 from ssl_engine.utils.cpu_budget import loader_workers
 from ssl_engine.utils.distributed import broadcast_buffers, get_rank, get_world_size
+from ssl_engine.utils.loss_watch import LossWatch
 from ssl_engine.utils.metrics_store import MetricsStore
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class SelfSupervisionTask(ClassyTask):
         self._loaders: Dict[str, Any] = {}  # persistent loaders by split
         # the phase's loss, its named terms, collapse statistics... (hooks/base.py)
         self.metrics = MetricsStore(device)
+        self.loss_watch = LossWatch()  # losses watched for NaN on the device (HOOKS.CHECK_NAN)
         self.last_batch = self.last_model_output = self.last_loss = None
         self.data_time = self.step_time = 0.0
         self.hook_seconds = 0.0  # time spent in hooks so far (HOOKS.PERF_STATS's breakdown)
