@@ -358,7 +358,12 @@ def test_conv_stem_refuses_a_stride_it_cannot_reach(overrides, message):
 
 
 def test_attention_runs_through_torchs_fused_kernel():
-    # timm's Attention calls torch.nn.functional.scaled_dot_product_attention when fused_attn
-    # is on (its default unless TIMM_FUSED_ATTN=0): the flash / memory-efficient kernels on GPUs
+    # timm's Attention is replaced by the trunks' shared one, which always calls
+    # torch.nn.functional.scaled_dot_product_attention (tests/test_fused_attention.py counts the
+    # calls), whatever TIMM_FUSED_ATTN says; timm's parameter names stay
+    from ssl_engine.models.trunks.transformer_parts import Attention
+
     trunk = make_model().trunk
-    assert all(block.attn.fused_attn for block in trunk.vit.blocks)
+    assert all(type(block.attn) is Attention for block in trunk.vit.blocks)
+    assert {"vit.blocks.0.attn.qkv.weight", "vit.blocks.0.attn.proj.bias"} <= set(
+        trunk.state_dict())

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from ssl_engine.models.registry import register_model_head
+from ssl_engine.models.trunks.token_gather import assert_on_device, visible_positions
+from ssl_engine.models.trunks.transformer_parts import use_shared_attention
 
 
 def sincos_position_embedding(height: int, width: int, dim: int) -> torch.Tensor:
@@ -45,6 +47,7 @@ class MAEDecoder(nn.Module):
         self.mask_token = nn.Parameter(torch.zeros(1, 1, int(decoder_dim)))
         self.blocks = nn.ModuleList(Block(int(decoder_dim), int(num_heads), mlp_ratio=mlp_ratio,
                                           qkv_bias=True) for _ in range(int(depth)))
+        use_shared_attention(self.blocks)  # fused attention, timm's parameter names
         self.norm = nn.LayerNorm(int(decoder_dim))
         self.predict = nn.Linear(int(decoder_dim), int(patch_size) ** 2 * int(in_chans))
         self.decoder_dim = int(decoder_dim)
@@ -64,12 +67,14 @@ class MAEDecoder(nn.Module):
         rows, height, width = mask.shape
         masked = mask.flatten(1)
         tokens = self.embed(x)
-        visible = tokens.shape[1] - 1
-        if int((~masked[0]).sum()) != visible:
-            raise ValueError(f"mae_decoder got {visible} visible tokens for a mask leaving "
-                             f"{int((~masked[0]).sum())} patches visible")
-        patches = self.mask_token.to(tokens.dtype).expand(rows, height * width, -1).clone()
-        patches[~masked] = tokens[:, 1:].reshape(-1, self.decoder_dim)
+        visible = tokens.shape[1] - 1  # known from the shape: no wait for the device
+        assert_on_device((~masked).sum(dim=1) == visible,
+                         f"mae_decoder got {visible} visible tokens for a mask leaving another "
+                         "number of patches visible")
+        index = visible_positions(masked, masked.shape[1] - visible)
+        patches = self.mask_token.to(tokens.dtype).expand(rows, height * width, -1)
+        patches = patches.scatter(1, index.unsqueeze(-1).expand(-1, -1, self.decoder_dim),
+                                  tokens[:, 1:])
         position = sincos_position_embedding(height, width, self.decoder_dim).to(tokens)
         sequence = torch.cat([tokens[:, :1], patches + position], dim=1)
         for block in self.blocks:

@@ -53,7 +53,8 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
-from ssl_engine.models.trunks.transformer_parts import Mlp, init_linear_and_norms
+from ssl_engine.models.trunks.transformer_parts import Attention as SharedAttention
+from ssl_engine.models.trunks.transformer_parts import Mlp, attend, init_linear_and_norms
 from ssl_engine.utils.key_rules import accept_number_or_false
 
 CONFIG = "config.MODEL.TRUNK.BEIT"
@@ -127,14 +128,13 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
-class Attention(nn.Module):
+class Attention(SharedAttention):
+    """BEiT's attention: separate query and value biases (the keys have none), a relative
+    position bias of its own and/or one shared by every block, added to the scores."""
+
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool, scale: float,
                  attn_drop: float, proj_drop: float, grid: Optional[Tuple[int, int]]):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = scale
-        self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        super().__init__(dim, num_heads, False, scale, attn_drop, proj_drop)
         if qkv_bias:
             self.q_bias = nn.Parameter(torch.zeros(dim))
             self.v_bias = nn.Parameter(torch.zeros(dim))
@@ -143,26 +143,22 @@ class Attention(nn.Module):
         self.has_relative_bias = grid is not None
         if grid is not None:
             _add_relative_position_table(self, grid, num_heads)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, shared_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        batch, tokens, dim = x.shape
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
         bias = None
         if self.q_bias is not None:
             bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
-        qkv = F.linear(x, self.qkv.weight, bias)
-        q, k, v = qkv.reshape(batch, tokens, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        return F.linear(x, self.qkv.weight, bias)
+
+    def forward(self, x: torch.Tensor, shared_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q, k, v = self.heads(x)
         scores_bias = shared_bias
         if self.has_relative_bias:
             own = _relative_position_bias(self)
             scores_bias = own if scores_bias is None else scores_bias + own
         if scores_bias is not None:
-            scores_bias = scores_bias.unsqueeze(0).to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=scores_bias, scale=self.scale,
-            dropout_p=self.attn_drop if self.training else 0.0)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
+            scores_bias = scores_bias.unsqueeze(0)
+        return self.merge(attend(q, k, v, scores_bias, self.scale, self.dropout))
 
 
 class Block(nn.Module):

@@ -57,7 +57,8 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
-from ssl_engine.models.trunks.transformer_parts import OnGrid, init_linear_and_norms, run_blocks
+from ssl_engine.models.trunks.transformer_parts import (Attention, OnGrid, attend,
+                                                         init_linear_and_norms, run_blocks)
 from ssl_engine.utils.key_rules import NEVER_READ, ignore_published_key
 
 VIT = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
@@ -139,31 +140,22 @@ class GPSA(nn.Module):
         v = self.v(x).reshape(batch, tokens, self.num_heads, -1).transpose(1, 2)
         positional = self.pos_proj(self.positions(x.device).to(x.dtype)).permute(0, 3, 1, 2)
         positional = (positional / self.locality_dim).softmax(dim=-1)  # [1, heads, T, T]
-        content = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
         gate = torch.sigmoid(self.alpha)
-        weights = (1.0 - gate) * content + gate * positional
-        weights = self.attn_drop(weights / weights.sum(dim=-1, keepdim=True))
-        out = (weights @ v).transpose(1, 2).reshape(batch, tokens, dim)
-        return self.proj_drop(self.proj(out))
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, scale: float, attn_drop: float,
-                 proj_drop: float):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = scale
-        self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, dim = x.shape
-        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(
-            q, k, v, scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0)
+        if self.training and self.attn_drop.p > 0:
+            # the dropout acts on the mixed weights: the weights matrix is needed whole
+            content = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+            weights = (1.0 - gate) * content + gate * positional
+            weights = self.attn_drop(weights / weights.sum(dim=-1, keepdim=True))
+            out = weights @ v
+        else:
+            # the mix of two distributions sums to 1 already: the content part through the
+            # fused attention, the positional one (the same for every image) on its own
+            out = (1.0 - gate) * attend(q, k, v, None, self.scale, 0.0) + gate * (positional @ v)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
+
+
+class SelfAttention(Attention):
+    """ConViT's plain self-attention (the blocks after the local ones)."""
 
 
 class Block(nn.Module):

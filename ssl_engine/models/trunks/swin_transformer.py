@@ -49,7 +49,8 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointed_segments, checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
-from ssl_engine.models.trunks.transformer_parts import Mlp, config_number, init_linear_and_norms
+from ssl_engine.models.trunks.transformer_parts import (Attention, Mlp, attend, config_number,
+                                                       init_linear_and_norms)
 from ssl_engine.utils.key_rules import accept_number_or_false
 
 CONFIG = "config.MODEL.TRUNK.SWIN_TRANSFORMER"
@@ -103,37 +104,35 @@ def shifted_window_mask(height: int, width: int, window: int, shift: int,
     return torch.zeros(different.shape, device=device).masked_fill(different, MASKED_SCORE)
 
 
-class WindowAttention(nn.Module):
-    """Multi-head self-attention inside each window, with a learned relative position bias."""
+class WindowAttention(Attention):
+    """Multi-head self-attention inside each window, with a learned relative position bias,
+    added to the scores as the fused attention's mask (with the shifted windows' mask)."""
 
     def __init__(self, dim: int, window: int, num_heads: int, qkv_bias: bool,
                  scale: Optional[float], attn_drop: float, proj_drop: float):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = scale or (dim // num_heads) ** -0.5
+        super().__init__(dim, num_heads, qkv_bias, scale or (dim // num_heads) ** -0.5,
+                         attn_drop, proj_drop)
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros((2 * window - 1) ** 2, num_heads))
         self.register_buffer("relative_position_index", window_relative_position_index(window))
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
         nn.init.trunc_normal_(self.relative_position_bias_table, std=INIT_STD)
+
+    def scores_bias(self, tokens: int) -> torch.Tensor:
+        """The relative position bias, ``[heads, T, T]``."""
+        index = self.relative_position_index[:tokens, :tokens]
+        bias = self.relative_position_bias_table[index.reshape(-1)]
+        return bias.reshape(tokens, tokens, -1).permute(2, 0, 1)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x``: ``[windows * N, T, C]`` (T = w'*w'); ``mask``: ``[windows, T, T]`` or None."""
-        batch, tokens, dim = x.shape
-        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        scores = (q * self.scale) @ k.transpose(-2, -1)  # [windows * N, heads, T, T]
-        index = self.relative_position_index[:tokens, :tokens]
-        bias = self.relative_position_bias_table[index.reshape(-1)]
-        scores = scores + bias.reshape(tokens, tokens, -1).permute(2, 0, 1)
-        if mask is not None:
+        batch, tokens, _ = x.shape
+        q, k, v = self.heads(x)
+        bias = self.scores_bias(tokens)[None]  # [1, heads, T, T]
+        if mask is not None:  # per window, the same for every image: [windows * N, heads, T, T]
             windows = mask.shape[0]
-            scores = scores.reshape(-1, windows, self.num_heads, tokens, tokens) + mask[:, None]
-            scores = scores.reshape(-1, self.num_heads, tokens, tokens)
-        out = self.attn_drop(scores.softmax(dim=-1)) @ v
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
+            bias = (bias + mask[:, None]).expand(batch // windows, -1, -1, -1, -1)
+            bias = bias.reshape(batch, self.num_heads, tokens, tokens)
+        return self.merge(attend(q, k, v, bias, self.scale, self.dropout))
 
 
 class SwinBlock(nn.Module):

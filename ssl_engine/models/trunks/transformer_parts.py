@@ -1,10 +1,104 @@
-"""Pieces the transformer trunks share (BEiT, XCiT, Swin, ConViT): the MLP of a block, under
-the parameter names VISSL's trunks give it, running a list of blocks (checkpointed or not), the
-usual initialisation of linear and norm layers, and the reading of number settings."""
-from typing import Sequence
+"""Pieces the transformer trunks share (ViT, BEiT, XCiT, Swin, ConViT, MAE's decoder): the
+attention of a block and the MLP, under the parameter names VISSL's and timm's trunks give them,
+running a list of blocks (checkpointed or not), the usual initialisation of linear and norm
+layers, and the reading of number settings."""
+from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+           scale: Optional[float], dropout: float) -> torch.Tensor:
+    """``softmax(q k^T * scale + mask) v`` with dropout on the weights: torch's fused
+    ``scaled_dot_product_attention`` (flash or memory-efficient kernels where the device and
+    shapes allow; the weights matrix is never stored), for every trunk's attention. ``scale``
+    None: 1/sqrt(head width); ``mask`` is added to the scores (a bias, or -inf / large negative
+    values to mask), in the dtype of ``q``."""
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                          scale=scale)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention on ``[N, T, D]`` tokens: ``qkv`` (one linear layer for the
+    queries, keys and values), ``attend``, ``proj`` and its dropout. The names are those of
+    timm's and VISSL's trunks, so their checkpoints load. A trunk with more (a relative
+    position bias, separate query and value biases) subclasses it and overrides
+    ``project_qkv`` or ``scores_bias``."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False,
+                 scale: Optional[float] = None, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = scale  # None: 1/sqrt(head width)
+        self.attn_drop_rate = float(attn_drop)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv(x)
+
+    def heads(self, x: torch.Tensor):
+        """q, k, v as ``[N, heads, T, head width]``."""
+        batch, tokens, _ = x.shape
+        qkv = self.project_qkv(x).reshape(batch, tokens, 3, self.num_heads, -1)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+    def scores_bias(self, tokens: int) -> Optional[torch.Tensor]:
+        """What is added to the scores ([heads, T, T] or broadcastable), or None."""
+        return None
+
+    @property
+    def dropout(self) -> float:
+        return self.attn_drop_rate if self.training else 0.0
+
+    def merge(self, out: torch.Tensor) -> torch.Tensor:
+        """``[N, heads, T, head width]`` -> ``proj`` of ``[N, T, D]``, with its dropout."""
+        batch, _, tokens, _ = out.shape
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, -1)))
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        """``attn_mask`` is added to the scores (timm's blocks pass it, None by default);
+        causal attention is not used by these trunks."""
+        if is_causal:
+            raise ValueError("the trunks' attention is not causal")
+        q, k, v = self.heads(x)
+        bias = self.scores_bias(x.shape[1])
+        if attn_mask is not None:
+            bias = attn_mask if bias is None else bias + attn_mask
+        return self.merge(attend(q, k, v, bias, self.scale, self.dropout))
+
+    @classmethod
+    def like_timm(cls, timm_attention: nn.Module) -> "Attention":
+        """This module in place of a timm ``Attention`` (ViT blocks, MAE's decoder), holding its
+        ``qkv`` and ``proj`` layers (the same parameters and names); timm's options this module
+        does not have (normalised queries and keys, a gate, another scale) are refused."""
+        for name in ("q_norm", "k_norm", "norm"):
+            if not isinstance(getattr(timm_attention, name, nn.Identity()), nn.Identity):
+                raise ValueError(f"timm attention with {name} is not supported")
+        if getattr(timm_attention, "gate", None) is not None:
+            raise ValueError("timm's gated attention is not supported")
+        head_dim = timm_attention.qkv.out_features // 3 // timm_attention.num_heads
+        if abs(timm_attention.scale - head_dim ** -0.5) > 1e-12:
+            raise ValueError("timm attention with a scale other than 1/sqrt(head width)")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.num_heads, module.scale = timm_attention.num_heads, None
+        module.attn_drop_rate = float(timm_attention.attn_drop.p)
+        module.qkv, module.proj = timm_attention.qkv, timm_attention.proj
+        module.proj_drop = timm_attention.proj_drop
+        return module
+
+
+def use_shared_attention(blocks: Sequence[nn.Module]) -> None:
+    """Every timm block of ``blocks`` attends through ``Attention`` (its parameters kept)."""
+    for block in blocks:
+        block.attn = Attention.like_timm(block.attn)
 
 from ssl_engine.models.activation_checkpointing import checkpointed_segments
 

@@ -30,7 +30,12 @@ MaskedImageModeling / RandomPatchMasking transforms):
   position embeddings are added (Zhou et al. 2022); all tokens go through the blocks.
 - ``mae``: the encoder runs on the visible patches only (He et al. 2022): position embeddings
   are added to every patch, then the visible ones are gathered (in grid order) before the
-  blocks; ``lastBLK`` is then [N, 1 + visible, D].  Every image must mask as many patches.
+  blocks; ``lastBLK`` is then [N, 1 + visible, D].  Every image must mask as many patches:
+  ``int(L * mask_ratio)`` of its ``L``, RandomPatchMasking's count, with ``mask_ratio`` from
+  MASKED_IMAGE_MODELING.PARAMS (derived from DATA.TRAIN.TRANSFORMS' RandomPatchMasking). The
+  count known on the host, the visible tokens are gathered by index and the GPU is never
+  waited for (a device-side assert checks the counts); without ``mask_ratio`` the count is
+  read back from the mask, one wait per forward.
 
 Without a mask (evaluation, the teacher, the local crops) the trunk is the plain ViT.
 
@@ -50,6 +55,8 @@ from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.conv_stem import conv_stem
 from ssl_engine.models.trunks.base import StagedTrunk
 from ssl_engine.models.trunks.msn_patch_drop import msn_patch_drop
+from ssl_engine.models.trunks.token_gather import assert_on_device, visible_positions
+from ssl_engine.models.trunks.transformer_parts import use_shared_attention
 from ssl_engine.utils.derivations import register_config_derivation
 from ssl_engine.utils.key_rules import accept_number_or_false
 
@@ -146,6 +153,23 @@ def seed_msn_patch_drop(cfg) -> None:
 register_config_derivation("vision_transformer_masking", seed_msn_patch_drop)
 
 
+def derive_mae_mask_ratio(cfg) -> None:
+    """MASKED_IMAGE_MODELING.NAME=mae: PARAMS.mask_ratio from the RandomPatchMasking of
+    DATA.TRAIN.TRANSFORMS (unless PARAMS gives it), so that the trunk knows how many patches
+    each image masks without reading the mask back from the device."""
+    masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
+    if masking.NAME != "mae" or "mask_ratio" in (masking.PARAMS or {}):
+        return
+    for transform in cfg.DATA.TRAIN.get("TRANSFORMS") or ():
+        if transform.get("name") == "RandomPatchMasking":
+            ratio = float(transform.get("mask_ratio", 0.75))  # the transform's default
+            masking.PARAMS = {**(masking.PARAMS or {}), "mask_ratio": ratio}
+            return
+
+
+register_config_derivation("vision_transformer_mae_mask_ratio", derive_mae_mask_ratio)
+
+
 accept_number_or_false("config.MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE")
 
 @register_model_trunk("vision_transformer")
@@ -197,6 +221,7 @@ class VisionTransformerTrunk(StagedTrunk):
             attn_drop_rate=float(cfg.ATTENTION_DROPOUT_RATE),
             drop_path_rate=float(cfg.DROP_PATH_RATE),
         )
+        use_shared_attention(self.vit.blocks)  # fused attention, timm's parameter names
         stem = (cfg.get("HYBRID") or {}).get("CONV_STEM") or []
         if stem:  # a convolutional stem instead of the patchify convolution (conv_stem.py)
             self.vit.patch_embed.proj = conv_stem(stem, patch_size, hidden_dim)
@@ -213,6 +238,9 @@ class VisionTransformerTrunk(StagedTrunk):
         }
         if not self.use_class_token:
             self.default_out_feat_key = "lastPOOL"
+        # MAE: the share of the patches every image masks, when known (derive_mae_mask_ratio)
+        ratio = (masking.get("PARAMS") or {}).get("mask_ratio")
+        self.mae_mask_ratio = None if ratio is None else float(ratio)
         if self.masking == "ibot":  # iBOT's learned embedding of a masked patch
             self.mask_token = torch.nn.Parameter(torch.zeros(1, 1, 1, hidden_dim))
 
@@ -284,7 +312,8 @@ class VisionTransformerTrunk(StagedTrunk):
         prefix = vit.num_prefix_tokens
         if mask is not None and self.masking == "mae":
             patches = tokens[:, prefix:]
-            visible = patches[~mask.flatten(1)].view(len(tokens), -1, patches.shape[-1])
+            index = visible_positions(mask, self._masked_count(mask))
+            visible = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
             tokens = torch.cat([tokens[:, :prefix], visible], dim=1)
         tokens = vit.norm_pre(vit.patch_drop(tokens))
         for block in vit.blocks:
@@ -309,10 +338,16 @@ class VisionTransformerTrunk(StagedTrunk):
         if self.masking == "msn":
             raise ValueError("the ViT got a patch mask but MASKED_IMAGE_MODELING.NAME=msn drops "
                              "patches itself while training: feed the images without a mask")
-        mask = mask.bool()
-        if self.masking == "mae":
-            counts = mask.flatten(1).sum(dim=1)
-            if bool((counts != counts[0]).any()):
-                raise ValueError("MAE masking needs as many masked patches in every image, got "
-                                 f"{sorted(set(counts.tolist()))}")
-        return mask
+        return mask.bool()
+
+    def _masked_count(self, mask: torch.Tensor) -> int:
+        """The patches each image of ``mask`` masks: ``int(L * mask_ratio)`` when the ratio is
+        known, checked on the device (no wait); else read back from the first image."""
+        if self.mae_mask_ratio is None:
+            count = int(mask[0].sum())  # one wait for the device: no ratio configured
+        else:
+            count = int(mask[0].numel() * self.mae_mask_ratio)
+        assert_on_device(mask.flatten(1).sum(dim=1) == count,
+                         f"MAE masking needs as many masked patches in every image: {count} "
+                         f"of {mask[0].numel()} (the first image's or mask_ratio's count)")
+        return count

@@ -56,8 +56,9 @@ from torchvision.ops import StochasticDepth
 from ssl_engine.models.activation_checkpointing import checkpointing_splits
 from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk
-from ssl_engine.models.trunks.transformer_parts import (Mlp, OnGrid, config_number,
-                                                       init_linear_and_norms, run_blocks)
+from ssl_engine.models.trunks.transformer_parts import (Attention, Mlp, OnGrid, attend,
+                                                       config_number, init_linear_and_norms,
+                                                       run_blocks)
 from ssl_engine.utils.key_rules import accept_number_or_false
 
 logger = logging.getLogger(__name__)
@@ -126,27 +127,26 @@ class FourierPositionEncoding(nn.Module):
         return encoding.flatten(2).transpose(1, 2)
 
 
-class XCA(nn.Module):
-    """Cross-covariance attention: a softmax over channel-by-channel similarities."""
+class XCA(Attention):
+    """Cross-covariance attention: a softmax over channel-by-channel similarities. Through
+    the fused attention with the channels of a head as its sequence and the tokens as its
+    width: ``q`` and ``k`` [N, heads, head width, T] L2-normalised over the tokens, the
+    learned per-head temperature multiplied into ``q`` (the fused call takes one scale for
+    every head) and the scale 1. The flash kernel takes widths up to 256, so up to 256 tokens
+    (224-pixel images in 16-pixel patches: 196); more tokens run torch's other kernels."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float,
                  proj_drop: float):
-        super().__init__()
-        self.num_heads = num_heads
+        super().__init__(dim, num_heads, qkv_bias, 1.0, attn_drop, proj_drop)
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, dim = x.shape
         # [3, N, heads, head width, tokens]
         q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, -1).permute(2, 0, 3, 4, 1)
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        weights = self.attn_drop((q @ k.transpose(-2, -1) * self.temperature).softmax(dim=-1))
-        out = (weights @ v).permute(0, 3, 1, 2).reshape(batch, tokens, dim)
-        return self.proj_drop(self.proj(out))
+        out = attend(q * self.temperature, k, v, None, 1.0, self.dropout)
+        return self.proj_drop(self.proj(out.permute(0, 3, 1, 2).reshape(batch, tokens, dim)))
 
 
 class LPI(nn.Module):
@@ -188,25 +188,12 @@ class XCABlock(nn.Module):
         return x + self.drop_path(self.gamma2 * self.mlp(self.norm2(x)))
 
 
-class ClassAttention(nn.Module):
+class ClassAttention(Attention):
     """Attention of the class token (token 0) to every token: ``[N, 1, D]``."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, scale: float, attn_drop: float,
-                 proj_drop: float):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = scale
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, dim = x.shape
-        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        scores = (q[:, :, :1] * self.scale) @ k.transpose(-2, -1)  # [N, heads, 1, tokens]
-        out = self.attn_drop(scores.softmax(dim=-1)) @ v
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, 1, dim)))
+        q, k, v = self.heads(x)
+        return self.merge(attend(q[:, :, :1], k, v, None, self.scale, self.dropout))
 
 
 class ClassAttentionBlock(nn.Module):
