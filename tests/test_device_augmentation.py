@@ -11,7 +11,8 @@ import ssl_engine.losses  # noqa: F401  (derived settings of the config)
 import ssl_engine.models  # noqa: F401
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataloader, build_dataset
-from ssl_engine.data.device_augmentation import DeviceAugmentation, batch_to_device
+from ssl_engine.data.device_augmentation import (DeviceAugmentation, batch_to_device,
+                                                 check_device_augmentation)
 from ssl_engine.data.device_ops import (BlurOp, ColorJitterOp, ErasingOp, GrayscaleOp,
                                         NormalizeOp, SolarizeOp, device_ops)
 from ssl_engine.data.transforms.color_distortion import ImgPilColorDistortion
@@ -177,9 +178,11 @@ def test_workers_ship_uint8_views_and_the_device_runs_the_photometric_tail():
 
 
 def test_unsupported_settings_are_refused_with_the_key():
+    moco = quickstart("config.DATA.TRAIN.COLLATE_FUNCTION=moco_collator")
     with pytest.raises(ValueError, match="DATA.TRAIN.DEVICE_AUGMENTATION.*collators"):
-        build_dataset(quickstart("config.DATA.TRAIN.COLLATE_FUNCTION=moco_collator"), "TRAIN",
-                      device_augmentation=True)
+        check_device_augmentation(moco, "TRAIN")  # before launch (engines/train.py)
+    with pytest.raises(ValueError, match="DATA.TRAIN.DEVICE_AUGMENTATION.*collators"):
+        build_dataset(moco, "TRAIN", device_augmentation=True)
     with pytest.raises(ValueError, match="no device counterpart"):
         build_dataset(quickstart("config.DATA.TRAIN.TRANSFORMS=[{name: RandomResizedCrop, "
                                  "size: 16}]"), "TRAIN", device_augmentation=True)

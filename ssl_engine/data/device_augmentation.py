@@ -22,7 +22,7 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from ssl_engine.data.collators.multicrop import resolution_groups
 from ssl_engine.data.device_ops import device_ops
-from ssl_engine.data.transforms.chain import TransformChain
+from ssl_engine.data.transforms.chain import TransformChain, build_transforms
 from ssl_engine.utils.device import to_device
 
 PARAMS_KEY = "device_params"  # per view in a sample, per row (group) in a batch
@@ -165,3 +165,12 @@ def batch_to_device(obj, dataset, device: torch.device, channels_last: bool = Fa
     if augmentation is None or not isinstance(obj, dict) or PARAMS_KEY not in obj:
         return move(obj)
     return augmentation.on_device(obj, move)
+
+
+def check_device_augmentation(cfg, split: str) -> None:
+    """Refuse, before launch, DATA.<split>.DEVICE_AUGMENTATION with a collator or a list of
+    transforms it cannot serve (the same checks as building the dataset)."""
+    split_cfg, key = cfg.DATA[split], f"config.DATA.{split}"
+    if split_cfg.get("DEVICE_AUGMENTATION", False):
+        build_device_augmentation(build_transforms(split_cfg.TRANSFORMS, f"{key}.TRANSFORMS"),
+                                  split_cfg, key)

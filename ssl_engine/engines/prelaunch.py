@@ -29,8 +29,9 @@ This machine and the engine (``check_before_launch``):
 13. no other live run holds CHECKPOINT.DIR, checked by the process that will lock it
     (utils/run_lock.py);
 14. the engine's own ``check_before_launch``: for ``train``, ``check_train_config``
-    (engines/train.py: hooks, AMP, heads, the data paths of data/paths.py, the checkpoint
-    folder, the file the run starts from); for the extraction engines, engines/extract_*.py.
+    (engines/train.py: hooks, AMP, heads, the data paths of data/paths.py, the collator and
+    transforms of DEVICE_AUGMENTATION (data/device_augmentation.py), the checkpoint folder,
+    the file the run starts from); for the extraction engines, engines/extract_*.py.
 """
 import os
 from typing import Sequence, Tuple
