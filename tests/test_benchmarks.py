@@ -191,3 +191,61 @@ def test_bare_dino_loop_trains_a_tiny_vit_multicrop(load_benchmark, capsys):
     oracle.center.copy_(center.view(1, 1, 32))
     expected = oracle(list(teacher.chunk(2)), list(student.chunk(4)))
     assert dino.dino_loss(student, teacher, center, 2, 4) == pytest.approx(float(expected))
+
+
+def write_fashion_idx(root, split, count, seed):
+    """A tiny stand-in for Fashion-MNIST's gzipped IDX files: ``count`` images, as many of
+    each of the 10 classes, each class a brighter band at its own rows."""
+    import gzip
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % 10
+    images = rng.integers(0, 60, size=(count, 28, 28), dtype=np.uint8)
+    for index, label in enumerate(labels):
+        images[index, 2 * label:2 * label + 6] += 150
+    for kind, array in (("images-idx3", images), ("labels-idx1", labels.astype(np.uint8))):
+        header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(
+            n.to_bytes(4, "big") for n in array.shape)
+        with gzip.open(root / f"{split}-{kind}-ubyte.gz", "wb") as f:
+            f.write(header + array.tobytes())
+
+
+def test_fashion_mnist_scores_a_recipe_beside_raw_pixels(load_benchmark, capsys, tmp_path):
+    root = tmp_path / "fashion"
+    root.mkdir()
+    write_fashion_idx(root, "train", 600, seed=0)  # 60 per class: the 1% draw's size
+    write_fashion_idx(root, "t10k", 100, seed=1)
+    load_benchmark("fashion_mnist").main([
+        "--methods", "simclr", "--epochs", "1", "--data-root", str(root),
+        "--out", str(tmp_path / "runs")])
+    table = capsys.readouterr().out.split("runs in")[-1]
+    raw, engine = row_numbers(table, "raw pixels"), row_numbers(table, "simclr (engine)")
+    assert len(raw) == 4 and len(engine) == 5  # k-NN, linear, 1%, its spread (, seconds)
+    for knn, linear, one_percent, spread in (raw, engine[:4]):
+        assert 0 <= min(knn, linear, one_percent) and max(knn, linear, one_percent) <= 100
+        assert spread >= 0
+    assert raw[0] > 90 and engine[-1] > 0  # the bands tell the classes apart; training took time
+    assert (tmp_path / "runs" / "fashion_mnist.png").stat().st_size > 0
+
+
+def test_lightly_reference_trains_the_recipes_trunk_with_lightlys_parts(load_benchmark,
+                                                                         tmp_path):
+    """The reference loop builds the engine recipe's trunk, trains it one epoch with lightly's
+    transforms, heads and loss (SimCLR and BYOL), and writes features of every image."""
+    import numpy as np
+
+    root = tmp_path / "fashion"
+    root.mkdir()
+    write_fashion_idx(root, "train", 512, seed=0)
+    write_fashion_idx(root, "t10k", 20, seed=1)
+    reference = load_benchmark("lightly_reference")
+    for method in ("simclr", "byol"):
+        out = tmp_path / method
+        assert reference.main([method, "--data-root", str(root), "--out", str(out),
+                               "--epochs", "1"]) == 0
+        train = np.load(out / "train_features.npy")
+        assert train.shape == (512, 256) and np.isfinite(train).all()
+        assert np.load(out / "t10k_features.npy").shape == (20, 256)
+        assert float((out / "train_seconds.txt").read_text()) > 0
