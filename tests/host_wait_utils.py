@@ -143,19 +143,45 @@ TINY = [
 ]
 
 
+def shrink(cfg, head_input: int) -> None:
+    """An ImageNet recipe at a tiny size, its components as written: crops of 32 (and 16)
+    pixels, ViT patches of 8, the first head's input narrowed to the trunk's ``head_input``
+    and its hidden layers to at most 256 wide (its output as the loss expects it)."""
+    for transform in cfg.DATA.TRAIN.TRANSFORMS:
+        if "size" in transform:
+            transform["size"] = 32
+        if "size_crops" in transform:
+            transform["size_crops"] = [32, 16]
+        if transform.get("name") == "RandomPatchMasking":
+            transform["patch_size"] = 8
+    vit = cfg.MODEL.TRUNK.VISION_TRANSFORMERS
+    vit.update({"IMAGE_SIZE": 32, "PATCH_SIZE": 8})
+    params = vit.MASKED_IMAGE_MODELING.PARAMS or {}
+    if params.get("global_view_tokens"):
+        params["global_view_tokens"] = 16
+    head = cfg.MODEL.HEAD.PARAMS[0][1]
+    if "dims" in head:
+        head["dims"] = [head_input, *(min(d, 256) for d in head["dims"][1:-1]), head["dims"][-1]]
+    else:
+        head["in_dim"] = head_input
+    for key in ("hidden_dim", "decoder_dim"):
+        if key in head:
+            head[key] = min(head[key], 256)
+    if "patch_size" in head:
+        head["patch_size"] = 8
+    if "mae_loss" in cfg.LOSS:
+        cfg.LOSS.mae_loss["patch_size"] = 8
+
+
 def count_host_waits(tmp_path: Path, config: str, overrides: Sequence[str] = (),
                      head_input: Optional[int] = None):
     """The CountHostWaits hook after a tiny run of ``config`` (TINY, then ``overrides``);
-    ``head_input``: the first head's input width, for a trunk narrowed by ``overrides``."""
+    ``head_input``: an ImageNet recipe, ``shrink``-ed to a trunk of that output width."""
     hook = CountHostWaits()
     engine_name, cfg = load_config([f"config={config}", f"config.CHECKPOINT.DIR={tmp_path}",
                                     *TINY, *overrides])
     if head_input is not None:
-        first = cfg.MODEL.HEAD.PARAMS[0][1]
-        if "dims" in first:
-            first["dims"][0] = head_input
-        else:
-            first["in_dim"] = head_input
+        shrink(cfg, head_input)
     check_before_launch(engine_name, cfg)
     launch_distributed(cfg, engine_name, hook_generator=WithCounter(hook))
     return hook
