@@ -1,7 +1,7 @@
 """What the plain-PyTorch reference loops of benchmarks/train_speed.py share
 (bare_simclr_loop.py, bare_mae_loop.py, bare_dino_loop.py): their common options, the
 engine's synthetic images, and the timed loop that prints ``iter <i> <ms>`` per iteration
-(data loading included).  ``--device gpu``: the model and the batches on the current CUDA
+(data loading included), then ``data <ms>``, the wait for the batch.  ``--device gpu``: the model and the batches on the current CUDA
 device (batches pinned by the loader, copied without blocking), and every iteration's clock
 read after ``torch.cuda.synchronize()``.  Nothing but torch, numpy and PIL imported."""
 import argparse
@@ -71,9 +71,12 @@ def timed_loop(args: argparse.Namespace, dataset: torch.utils.data.Dataset,
                                          pin_memory=on_gpu)
     synchronize(args.device)
     start = time.perf_counter()
-    for iteration, batch in enumerate(loader, 1):
+    batches = iter(loader)
+    for iteration in range(1, len(loader) + 1):
+        batch = next(batches)
+        waited = time.perf_counter() - start
         step(to_device(batch, args.device))
         synchronize(args.device)
         now = time.perf_counter()
-        print(f"iter {iteration} {(now - start) * 1e3:.1f}", flush=True)
+        print(f"iter {iteration} {(now - start) * 1e3:.1f} data {waited * 1e3:.1f}", flush=True)
         start = now

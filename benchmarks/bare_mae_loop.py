@@ -8,8 +8,8 @@ float32 by default, ``--bf16``: the forward pass under bfloat16 autocast; ``--de
 on the GPU.  Prints one line per
 iteration: ``iter <i> <ms>``.
 
-    python benchmarks/bare_mae_loop.py [--iters 25] [--batch 8] [--workers 0] [--vit s16|b16]
-        [--bf16] [--device cpu|gpu]
+    python benchmarks/bare_mae_loop.py [--iters 25] [--batch 8] [--workers 0] [--vit s16|b16|tiny]
+        [--bf16] [--device cpu|gpu] [--image-size 224]
 """
 import torch
 import torch.nn as nn
@@ -18,26 +18,29 @@ from timm.models.vision_transformer import Block, VisionTransformer
 
 from bare_loop import SyntheticImages, parse_arguments, timed_loop
 
-SIZES = {"s16": (384, 12, 6), "b16": (768, 12, 12)}  # width, blocks, heads
+SIZES = {"s16": (384, 12, 6), "b16": (768, 12, 12), "tiny": (32, 2, 2)}  # width, blocks, heads
 PATCH, RATIO, DECODER = 16, 0.75, (512, 8, 16)
+TINY_DECODER = (32, 1, 2)  # --vit tiny: the tests' decoder
 
 
-AUGMENT = T.Compose([
-    T.RandomResizedCrop(224, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
-    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+def augment(size: int):
+    return T.Compose([
+        T.RandomResizedCrop(size, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
+        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
 
 
 class MAE(nn.Module):
-    def __init__(self, vit: str):
+    def __init__(self, vit: str, image_size: int = 224):
         super().__init__()
         width, depth, heads = SIZES[vit]
-        self.encoder = VisionTransformer(img_size=224, patch_size=PATCH, embed_dim=width,
+        self.encoder = VisionTransformer(img_size=image_size, patch_size=PATCH, embed_dim=width,
                                          depth=depth, num_heads=heads, num_classes=0,
                                          qkv_bias=True)
-        dim, blocks, decoder_heads = DECODER
+        dim, blocks, decoder_heads = TINY_DECODER if vit == "tiny" else DECODER
         self.embed = nn.Linear(width, dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.decoder_pos = nn.Parameter(torch.zeros(1, 197, dim), requires_grad=False)
+        tokens = (image_size // PATCH) ** 2 + 1
+        self.decoder_pos = nn.Parameter(torch.zeros(1, tokens, dim), requires_grad=False)
         self.blocks = nn.Sequential(*[Block(dim, decoder_heads, qkv_bias=True)
                                       for _ in range(blocks)])
         self.norm = nn.LayerNorm(dim)
@@ -71,10 +74,13 @@ def patch_pixels(images):
 
 
 def main(argv=None) -> None:
-    args = parse_arguments(__doc__, argv, lambda parser: parser.add_argument(
-        "--vit", choices=list(SIZES), default="b16"))
+    def add(parser):
+        parser.add_argument("--vit", choices=list(SIZES), default="b16")
+        parser.add_argument("--image-size", type=int, default=224, help="crops (tests: 32)")
+
+    args = parse_arguments(__doc__, argv, add)
     torch.manual_seed(0)
-    model = MAE(args.vit).to(args.device)
+    model = MAE(args.vit, args.image_size).to(args.device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=1.5e-4, betas=(0.9, 0.95), weight_decay=0.05)
     model.train()
@@ -88,7 +94,8 @@ def main(argv=None) -> None:
         loss.backward()
         optimizer.step()
 
-    timed_loop(args, SyntheticImages(args.batch * args.iters, 256, AUGMENT), step)
+    timed_loop(args, SyntheticImages(args.batch * args.iters, max(256, args.image_size),
+                                     augment(args.image_size)), step)
 
 
 if __name__ == "__main__":

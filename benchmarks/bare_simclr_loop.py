@@ -8,7 +8,7 @@ loss in float32) and the weights and images in the channels_last memory format; 
 gpu``: on the GPU.  Prints one line per iteration: ``iter <i> <ms>``.
 
     python benchmarks/bare_simclr_loop.py [--iters 25] [--batch 8] [--workers 0] [--depth 50|18]
-        [--bf16] [--channels-last] [--device cpu|gpu]
+        [--bf16] [--channels-last] [--device cpu|gpu] [--size 224]
 """
 import torch
 import torch.nn as nn
@@ -20,13 +20,14 @@ from bare_loop import SyntheticImages, parse_arguments, timed_loop
 
 
 class TwoViews:
-    """The SimCLR augmentation, applied twice to each image."""
+    """The SimCLR augmentation (crops of ``size``), applied twice to each image."""
 
-    augment = T.Compose([
-        T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
-        T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), T.RandomGrayscale(p=0.2),
-        T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])
+    def __init__(self, size: int = 224):
+        self.augment = T.Compose([
+            T.RandomResizedCrop(size), T.RandomHorizontalFlip(),
+            T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8), T.RandomGrayscale(p=0.2),
+            T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ])
 
     def __call__(self, image):
         return self.augment(image), self.augment(image)
@@ -45,6 +46,7 @@ def main(argv=None) -> None:
     def add(parser):
         parser.add_argument("--depth", type=int, choices=[18, 50], default=50)
         parser.add_argument("--channels-last", action="store_true")
+        parser.add_argument("--size", type=int, default=224, help="crop size (tests: small)")
 
     args = parse_arguments(__doc__, argv, add)
     torch.manual_seed(0)
@@ -65,7 +67,8 @@ def main(argv=None) -> None:
         loss.backward()
         optimizer.step()
 
-    timed_loop(args, SyntheticImages(args.batch * args.iters, 256, TwoViews()), step)
+    timed_loop(args, SyntheticImages(args.batch * args.iters, max(256, args.size),
+                                     TwoViews(args.size)), step)
 
 
 if __name__ == "__main__":
