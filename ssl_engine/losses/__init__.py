@@ -15,17 +15,22 @@ from ssl_engine.losses.byol_loss import BYOLLoss
 from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
+from ssl_engine.losses.dcl_loss import DCLLoss, DCLWLoss
 from ssl_engine.losses.deepclusterv2_loss import DeepClusterV2Loss
 from ssl_engine.losses.dino_loss import DINOLoss
 from ssl_engine.losses.distillation import DINODistillationLoss, DistillationLoss
 from ssl_engine.losses.ibot_loss import IBOTLoss
+from ssl_engine.losses.lejepa_loss import LeJEPALoss
 from ssl_engine.losses.mae_loss import MAELoss
 from ssl_engine.losses.masked_distillation import IBOTDistillationLoss, MSNDistillationLoss
 from ssl_engine.losses.moco_loss import MoCoLoss
+from ssl_engine.losses.mmcr_loss import MMCRLoss
 from ssl_engine.losses.moco_v3_loss import MoCoV3Loss
 from ssl_engine.losses.msn_loss import MSNLoss
 from ssl_engine.losses.multicrop_simclr_info_nce_loss import MultiCropSimclrInfoNCELoss
 from ssl_engine.losses.nce_loss_with_memory import NCELossWithMemory
+from ssl_engine.losses.nnclr_loss import NNCLRLoss
+from ssl_engine.losses.pmsn_loss import PMSNLoss
 from ssl_engine.losses.simclr_info_nce_loss import SimclrInfoNCELoss
 from ssl_engine.losses.simsiam_loss import SimSiamLoss
 from ssl_engine.losses.swav_distillation_loss import SwAVDistillationLoss
@@ -94,4 +99,10 @@ __all__ = [
     "BCELogitsMultipleOutputSingleTargetLoss",
     "DeepClusterV2Loss",
     "NCELossWithMemory",
+    "NNCLRLoss",
+    "DCLLoss",
+    "DCLWLoss",
+    "MMCRLoss",
+    "PMSNLoss",
+    "LeJEPALoss",
 ]

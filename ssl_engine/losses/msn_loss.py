@@ -51,10 +51,15 @@ def mean_entropy_penalty(probabilities: torch.Tensor) -> torch.Tensor:
     """``log K - H(mean of the rows over every rank)``: 0 when the global batch's mean
     distribution is uniform.  The mean is differentiable across ranks, so data-parallel
     averaging gives the gradient one process would get for the whole batch."""
+    mean = global_mean(probabilities)
+    return (mean * mean.clamp_min(1e-12).log()).sum() + math.log(probabilities.shape[1])
+
+
+def global_mean(probabilities: torch.Tensor) -> torch.Tensor:
+    """The mean of the rows of every rank, differentiable across ranks."""
     sums = all_reduce_sum_with_grad(probabilities.sum(dim=0))
     count = all_reduce_sum(probabilities.new_full((), probabilities.shape[0]))
-    mean = sums / count
-    return (mean * mean.clamp_min(1e-12).log()).sum() + math.log(probabilities.shape[1])
+    return sums / count
 
 
 @register_loss("msn_loss")
@@ -71,6 +76,7 @@ class MSNLoss(TeacherCollapseMonitor, MomentumTargetLoss):
 
     crops_key = "num_crops"
     output_dim_head_key = "num_prototypes"
+    regularizer_name = "me_max"  # the loss term of ``regularizer``, weighted by me_max_weight
 
     def __init__(self, momentum: float = 0.996, temperature: float = 0.1,
                  output_dim: int = 1024, num_crops: int = 2,
@@ -130,6 +136,10 @@ class MSNLoss(TeacherCollapseMonitor, MomentumTargetLoss):
         return task.base_model.heads[-1].scores(query)
 
     # ------------------------------------------------------------------ the loss
+    def regularizer(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """The term on the anchors' predictions: MSN's mean-entropy maximisation."""
+        return mean_entropy_penalty(probabilities)
+
     def forward(self, output, target: Optional[torch.Tensor] = None) -> torch.Tensor:
         student = as_output_list(output)[-1]
         if student.ndim != 2 or student.shape[1] != self.output_dim:
@@ -149,6 +159,6 @@ class MSNLoss(TeacherCollapseMonitor, MomentumTargetLoss):
         cross_entropy = -(targets.repeat(views, 1) * log_probs).sum(dim=1).mean()
         terms = {"cross_entropy": cross_entropy}
         if self.me_max_weight > 0:
-            terms["me_max"] = self.me_max_weight * mean_entropy_penalty(log_probs.exp())
+            terms[self.regularizer_name] = self.me_max_weight * self.regularizer(log_probs.exp())
         self._statistics(targets)
         return total_of(self, terms)
