@@ -39,7 +39,7 @@ def test_nnclr_loss_gradients_and_support_set_match_lightly():
     batch, size = 6, 12  # the support set wraps around every second step
     ours = NNCLRLoss(embedding_dim=DIM, temperature=0.2, support_set_size=size)
     bank = NNMemoryBankModule(size=(size, DIM))
-    bank.bank = ours.support_set.clone()
+    bank.bank = ours.queue.clone()
     bank.bank_ptr.zero_()
     criterion = NTXentLoss(temperature=0.2)
     for step in range(3):
@@ -56,23 +56,23 @@ def test_nnclr_loss_gradients_and_support_set_match_lightly():
         loss.backward()
         expected.backward()
         assert_same(mine.grad, theirs.grad)
-        assert_same(ours.support_set, bank.bank)
-    assert int(ours.support_ptr) == int(bank.bank_ptr) == 6
+        assert_same(ours.queue, bank.bank)
+    assert int(ours.queue_ptr) == int(bank.bank_ptr) == 6
     assert sum(ours.loss_terms.values()).item() == pytest.approx(loss.item(), rel=1e-6)
 
 
 def test_nnclr_positive_is_the_nearest_support_row_and_evaluation_leaves_it():
     ours = NNCLRLoss(embedding_dim=DIM, support_set_size=5)
-    before = ours.support_set.clone()
+    before = ours.queue.clone()
     queries = before[[3, 1]] * 2.5 + 1e-3  # nearest rows: 3 and 1 (scale does not matter)
     assert torch.equal(ours.nearest_neighbours(queries), before[[3, 1]])
     ours.begin_step(StepContext(train=False))
     ours([randn(4, DIM, seed=1), randn(4, DIM, seed=2)])
-    assert torch.equal(ours.support_set, before) and int(ours.support_ptr) == 0
+    assert torch.equal(ours.queue, before) and int(ours.queue_ptr) == 0
     ours.begin_step(StepContext(train=True))
     ours([randn(4, DIM, seed=1), randn(4, DIM, seed=2)])
-    assert torch.equal(ours.support_set[:2], randn(4, DIM, seed=1)[2:])
-    assert set(ours.state_dict()) == {"support_set", "support_ptr"}  # in every checkpoint
+    assert torch.equal(ours.queue[:2], randn(4, DIM, seed=1)[2:])
+    assert set(ours.state_dict()) == {"queue", "queue_ptr"}  # in every checkpoint
 
 
 def copy_lightly_head(ours: MLP, theirs: torch.nn.Module) -> None:

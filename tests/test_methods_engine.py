@@ -5,7 +5,8 @@ included); 2 processes with half the batch each train like 1 process with the wh
 frozen during the first update; DINO's multi-crop with a teacher on the global crops, a last
 layer frozen during the first update, AdamW with a weight-decay schedule and gradient
 clipping; MSN's ViT whose student drops patches, drawn anew each step, and a target network
-on the first crop, with Sinkhorn-Knopp and the mean-entropy term over the global batch.)"""
+on the first crop, with Sinkhorn-Knopp and the mean-entropy term over the global batch;
+NNCLR's support set, a queue of projections that its two steps fill.)"""
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ from engine_utils import (
 )
 
 METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino",
-           "msn", "multicrop_simclr", "swav_momentum", "npid", "pirl", "deepclusterv2"]
+           "msn", "multicrop_simclr", "swav_momentum", "npid", "pirl", "deepclusterv2", "nnclr"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -38,7 +39,8 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "pirl": {"output0", "output1"},
          "deepclusterv2": {"clustering0", "clustering1"},
          "dino": {"teacher_crop0", "teacher_crop1"},
-         "msn": {"cross_entropy", "me_max"}}
+         "msn": {"cross_entropy", "me_max"},
+         "nnclr": {"view0_to_view1", "view1_to_view0"}}
 
 
 # The trunk's norm in these runs.  Barlow Twins (like SimCLR, tested beside the engine's

@@ -24,8 +24,9 @@ class NNCLRLoss(SSLLoss):
     where NT-Xent(a, b) is SimCLR's loss on the 2N rows [a; b] (each row's positive is its
     sample's row in the other half, every other row a negative).  Both views look up the
     support set as it was before the step; then view 1's projections of every rank are
-    enqueued (rank after rank, oldest overwritten).  The support set and its pointer are
-    buffers, so they are in every checkpoint and a resumed run continues them exactly."""
+    enqueued (rank after rank, oldest overwritten).  The support set (``queue``) and its
+    pointer (``queue_ptr``) are buffers, so they are in every checkpoint and a resumed run
+    continues them exactly."""
 
     batch_coupling = ("its negatives are the other samples of the batch, and the support set "
                       "grows by every micro-batch")
@@ -40,8 +41,8 @@ class NNCLRLoss(SSLLoss):
         generator = torch.Generator().manual_seed(SUPPORT_SEED)
         support = F.normalize(torch.randn(int(support_set_size), self.embedding_dim,
                                           generator=generator), dim=1)
-        self.register_buffer("support_set", support)
-        self.register_buffer("support_ptr", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("queue", support)
+        self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
 
     @classmethod
     def check_model_config(cls, model_cfg) -> None:
@@ -55,7 +56,7 @@ class NNCLRLoss(SSLLoss):
     @torch.no_grad()
     def nearest_neighbours(self, projection: torch.Tensor) -> torch.Tensor:
         """The support set's row of highest cosine with each row of ``projection``."""
-        support = self.support_set
+        support = self.queue
         cosines = F.normalize(projection, dim=1) @ F.normalize(support, dim=1).t()
         return support.index_select(0, cosines.argmax(dim=1))
 
@@ -63,12 +64,12 @@ class NNCLRLoss(SSLLoss):
     def enqueue(self, projections: torch.Tensor) -> None:
         """Write ``projections`` over the oldest rows; the pointer stays on the device (reading
         it would make the host wait)."""
-        size, count, skip = self.support_set.shape[0], projections.shape[0], 0
+        size, count, skip = self.queue.shape[0], projections.shape[0], 0
         if count > size:  # a support set smaller than the global batch keeps the last rows
             projections, skip = projections[count - size:], count - size
         offsets = torch.arange(skip, skip + projections.shape[0], device=projections.device)
-        self.support_set[(self.support_ptr + offsets) % size] = projections.to(self.support_set)
-        self.support_ptr.add_(count).remainder_(size)
+        self.queue[(self.queue_ptr + offsets) % size] = projections.to(self.queue)
+        self.queue_ptr.add_(count).remainder_(size)
 
     def forward(self, output, target=None) -> torch.Tensor:
         projection = embedding_output(output, "nnclr_loss", self.embedding_dim, index=0)
