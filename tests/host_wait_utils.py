@@ -1,6 +1,8 @@
 """Running one recipe for two tiny iterations in this process with a ``HostWaitCounter``
 (ssl_engine/utils/host_waits.py) around each training step, its hooks included and the data
 loading left out: tests/test_host_waits.py's tool."""
+import contextlib
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -52,7 +54,8 @@ class CountHostWaits(SSLHook):
     previous step's hooks to the end of this step's hooks. It is the last hook; its ``opener``
     is the first, so that a dispatch mode another hook enters for a step (the FLOP counter)
     nests inside the counter's. ``per_iteration``: {iteration: total}; ``where``: {iteration:
-    the waits' places}; ``logged``: {iteration: whether it wrote the log line}."""
+    the waits' places}; ``logged``: {iteration: whether it wrote the log line};
+    ``cuda_syncs``: {iteration: synchronisations the CUDA runtime reported} on a GPU."""
 
     def __init__(self):
         super().__init__()
@@ -61,16 +64,24 @@ class CountHostWaits(SSLHook):
         self.per_iteration: Dict[int, int] = {}
         self.where: Dict[int, List[str]] = {}
         self.logged: Dict[int, bool] = {}
+        self.cuda_syncs: Dict[int, int] = {}
         self._task = None
         self._watch = None
+        self._cuda: List = []
 
     def start(self, task) -> None:
         self._task = task
         task.data_iterator = _PausedIterator(task.data_iterator, self.counter)
         self.counter.reset()
         self.counter.__enter__()
-        self._watch = watch_python_readbacks(self.counter)
-        self._watch.__enter__()
+        self._watch = contextlib.ExitStack()
+        self._watch.enter_context(watch_python_readbacks(self.counter))
+        if task.device.type == "cuda":  # what the CUDA runtime itself sees, step by step
+            self._cuda = self._watch.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("always")
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+            self._watch.callback(torch.cuda.set_sync_debug_mode, previous)
 
     def _host_resident(self, tensor: torch.Tensor) -> bool:
         """A tensor of the loader's batch (before it moves to the device), or the step count of
@@ -87,6 +98,10 @@ class CountHostWaits(SSLHook):
     def on_step(self, task) -> None:
         if not task.train:
             return
+        # the CUDA runtime's own reports of this step, on a GPU (the same waits seen again)
+        self.cuda_syncs[task.iteration] = sum("synchroniz" in str(item.message)
+                                              for item in self._cuda)
+        self._cuda.clear()
         self.per_iteration[task.iteration] = self.counter.total
         self.where[task.iteration] = list(self.counter.where)
         frequency = task.config.LOG_FREQUENCY
@@ -137,7 +152,8 @@ TINY = [
     "config.TEST_MODEL=false",
     "config.HOOKS.FEATURE_REPORT.ENABLED=false",
     "config.LOG_FREQUENCY=100",
-    "config.MACHINE.DEVICE=cpu",
+    # on a machine with a GPU the steps run there, and the CUDA runtime's reports count too
+    f"config.MACHINE.DEVICE={'gpu' if torch.cuda.is_available() else 'cpu'}",
     "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
     "config.HOOKS.RUN_REPORT.ENABLED=false",
 ]

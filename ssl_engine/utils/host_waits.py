@@ -6,7 +6,8 @@ has caught up. A training step should have none except where the log line reads 
 (docs/performance.md). The GPU is not always at hand, so the count is taken on any device
 with a ``TorchDispatchMode`` that sees every aten operation: on a CPU these operations cost
 nothing, yet they are the same calls that wait on a GPU. Where CUDA is present,
-``torch.cuda.set_sync_debug_mode("warn")`` also reports what the device itself saw.
+``torch.cuda.set_sync_debug_mode("warn")`` also reports what the device itself saw (the
+host-wait test, tests/host_wait_utils.py, counts both).
 
 ``HostWaitCounter`` counts while it is entered and ``active``; ``paused()`` leaves out code
 that is not the step's own (the data loader's transforms read random draws back on the host,
@@ -17,7 +18,6 @@ counts the harmless ones too).
 """
 import collections
 import contextlib
-import warnings
 from typing import Callable, Counter, Iterator, List
 
 import torch
@@ -151,23 +151,3 @@ def watch_python_readbacks(counter: HostWaitCounter,
     finally:
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
-
-
-@contextlib.contextmanager
-def cuda_sync_warnings(counter: HostWaitCounter) -> Iterator[None]:
-    """Where CUDA is present: the synchronising calls the CUDA runtime reports
-    (``torch.cuda.set_sync_debug_mode("warn")``) are counted as "cuda sync" too."""
-    if not torch.cuda.is_available():
-        yield
-        return
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield
-        for item in caught:
-            if "synchroniz" in str(item.message):
-                counter.record("cuda sync")
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)

@@ -86,6 +86,8 @@ class Attention(nn.Module):
         head_dim = timm_attention.qkv.out_features // 3 // timm_attention.num_heads
         if abs(timm_attention.scale - head_dim ** -0.5) > 1e-12:
             raise ValueError("timm attention with a scale other than 1/sqrt(head width)")
+        # built around timm's layers without making new ones: no random numbers are drawn, so
+        # a seed gives the same weights as before the replacement
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.num_heads, module.scale = timm_attention.num_heads, None
