@@ -84,8 +84,7 @@ def reference_features(method: str, folder: Path, args):
 
 
 def raw_pixel_features(root: str):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from lightly_reference import MEAN, STD, fashion_mnist
+    from lightly_reference import MEAN, STD, fashion_mnist  # beside this script
 
     data = {}
     for split, name in (("train", "train"), ("test", "t10k")):
