@@ -82,12 +82,6 @@ def test_torchvision_resnet18_loads_into_the_trunk(torchvision_resnet18, caplog)
     assert "missing 2: heads.0.clf.0.weight, heads.0.clf.0.bias" in caplog.text
 
 
-def test_torchvision_file_without_prefix_matches_nothing(torchvision_resnet18):
-    model = resnet_model([])
-    with pytest.raises(ValueError, match="no key of .* matches the model.*APPEND_PREFIX=trunk."):
-        load_weights_init(model, weights_cfg(torchvision_resnet18[1]))
-
-
 # ---------------------------------------------------------------- small hand-made files
 def test_report_of_prefixes_skips_missing_and_unexpected(tmp_path):
     source = tiny_model(seed=1)
