@@ -4,7 +4,7 @@ toward an isotropic Gaussian; no teacher, no stop-gradient, no negatives."""
 import torch
 
 from ssl_engine.losses.base import SSLLoss
-from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.outputs import as_output_list, embedding_output, total_of
 from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import all_reduce_sum_with_grad, get_world_size
 from ssl_engine.utils.errors import ConfigError
@@ -84,13 +84,12 @@ class LeJEPALoss(SSLLoss):
                               "num_crops")
 
     def forward(self, output, target=None) -> torch.Tensor:
-        embedding = as_output_list(output)[-1]
+        embedding = embedding_output(output, "lejepa_loss", self.embedding_dim,
+                                     len(as_output_list(output)) - 1)  # the last output
         rows = embedding.shape[0]
-        if embedding.ndim != 2 or embedding.shape[1] != self.embedding_dim \
-                or rows % self.num_crops:
-            raise ValueError(f"lejepa_loss expects [num_crops * B, {self.embedding_dim}] "
-                             f"embeddings (LOSS.lejepa_loss.embedding_dim, num_crops="
-                             f"{self.num_crops}), got {tuple(embedding.shape)}")
+        if rows % self.num_crops:
+            raise ValueError(f"lejepa_loss expects num_crops * B rows (LOSS.lejepa_loss."
+                             f"num_crops={self.num_crops}), got {rows}")
         views = embedding.float().view(self.num_crops, rows // self.num_crops, -1)
         centre = views[:self.num_global_crops].mean(dim=0)
         directions = random_directions(self.embedding_dim, self.num_slices,

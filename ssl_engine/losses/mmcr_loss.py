@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.base import SSLLoss
-from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.outputs import embedding_output, total_of
 from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.distributed import gather_from_all
 
@@ -36,13 +36,11 @@ class MMCRLoss(SSLLoss):
         self.lmda = float(lmda)
 
     def forward(self, output, target=None) -> torch.Tensor:
-        embedding = as_output_list(output)[0]
+        embedding = embedding_output(output, "mmcr_loss", self.embedding_dim)
         rows = embedding.shape[0]
-        if embedding.ndim != 2 or embedding.shape[1] != self.embedding_dim \
-                or rows % self.num_views:
-            raise ValueError(f"mmcr_loss expects [num_views * B, {self.embedding_dim}] "
-                             f"embeddings (LOSS.mmcr_loss.embedding_dim, num_views="
-                             f"{self.num_views}), got {tuple(embedding.shape)}")
+        if rows % self.num_views:
+            raise ValueError(f"mmcr_loss expects num_views * B rows (LOSS.mmcr_loss.num_views="
+                             f"{self.num_views}), got {rows}")
         views = F.normalize(embedding.float(), dim=1)
         views = views.view(self.num_views, rows // self.num_views, -1).transpose(0, 1)
         centroids = gather_from_all(views.mean(dim=1))
