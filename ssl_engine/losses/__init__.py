@@ -15,9 +15,11 @@ from ssl_engine.losses.byol_loss import BYOLLoss
 from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
+from ssl_engine.losses.data2vec_loss import Data2VecLoss
 from ssl_engine.losses.dcl_loss import DCLLoss, DCLWLoss
 from ssl_engine.losses.deepclusterv2_loss import DeepClusterV2Loss
 from ssl_engine.losses.dino_loss import DINOLoss
+from ssl_engine.losses.gram_anchoring import DINOv3Loss
 from ssl_engine.losses.distillation import DINODistillationLoss, DistillationLoss
 from ssl_engine.losses.ibot_loss import IBOTLoss
 from ssl_engine.losses.lejepa_loss import LeJEPALoss
@@ -105,4 +107,6 @@ __all__ = [
     "MMCRLoss",
     "PMSNLoss",
     "LeJEPALoss",
+    "Data2VecLoss",
+    "DINOv3Loss",
 ]
