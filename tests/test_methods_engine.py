@@ -6,7 +6,11 @@ frozen during the first update; DINO's multi-crop with a teacher on the global c
 layer frozen during the first update, AdamW with a weight-decay schedule and gradient
 clipping; MSN's ViT whose student drops patches, drawn anew each step, and a target network
 on the first crop, with Sinkhorn-Knopp and the mean-entropy term over the global batch;
-NNCLR's support set, a queue of projections that its two steps fill.)"""
+NNCLR's support set, a queue of projections that its two steps fill; CAPI's ViT teacher with
+its clustering layer trained online and Sinkhorn-Knopp per patch position over the global
+batch; data2vec 2.0's EMA teacher with an annealed momentum and masked copies of each image;
+DINOv3's Gram teacher, taken from the EMA teacher at the first iteration and read back from
+the checkpoint at the second.)"""
 import pytest
 import torch
 
@@ -21,7 +25,8 @@ from engine_utils import (
 )
 
 METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino",
-           "msn", "multicrop_simclr", "swav_momentum", "npid", "pirl", "deepclusterv2", "nnclr"]
+           "msn", "multicrop_simclr", "swav_momentum", "npid", "pirl", "deepclusterv2", "nnclr",
+           "capi", "data2vec", "dinov3"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -40,7 +45,12 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "deepclusterv2": {"clustering0", "clustering1"},
          "dino": {"teacher_crop0", "teacher_crop1"},
          "msn": {"cross_entropy", "me_max"},
-         "nnclr": {"view0_to_view1", "view1_to_view0"}}
+         "nnclr": {"view0_to_view1", "view1_to_view0"},
+         "capi": {"prediction", "clustering"},
+         "data2vec": {"regression"},
+         "dinov3": {"teacher_crop0", "teacher_crop1", "gram"}}
+# what the collapse monitor logs of these (their first output is not an embedding)
+MONITOR_KEY = {"data2vec": "prediction_std", "dinov3": "teacher_entropy"}
 
 
 # The trunk's norm in these runs.  Barlow Twins (like SimCLR, tested beside the engine's
@@ -65,7 +75,8 @@ def test_method_trains_resumes_exactly_and_scales_to_two_processes(tmp_path, met
     records = [r for r in metrics(tmp_path / "straight") if r.get("phase") == "train"]
     for record in records:  # the collapse monitor logs beside the loss (DINO: its teacher's
         # entropy instead of the spread of its output, which are prototype scores)
-        key = "teacher_entropy" if method in ("dino", "msn") else "embedding_std"
+        key = MONITOR_KEY.get(method) or (
+            "teacher_entropy" if method in ("dino", "msn", "capi") else "embedding_std")
         assert 0 < record["monitor"][key] < 2
     if method in TERMS:  # named terms, averaged over ranks, add up to the loss
         for record in records:

@@ -6,6 +6,7 @@ by a user (or by classy_vision) those defaults.
 """
 from typing import Optional
 
+from ssl_engine.losses.aim_loss import AIMLoss
 from ssl_engine.losses.barlow_twins_loss import BarlowTwinsLoss
 from ssl_engine.losses.base import SSLLoss, StepContext, with_contract
 from ssl_engine.losses.bce_logits_multiple_output_single_target import (
@@ -22,6 +23,7 @@ from ssl_engine.losses.dino_loss import DINOLoss
 from ssl_engine.losses.gram_anchoring import DINOv3Loss
 from ssl_engine.losses.distillation import DINODistillationLoss, DistillationLoss
 from ssl_engine.losses.ibot_loss import IBOTLoss
+from ssl_engine.losses.ijepa_loss import IJEPALoss
 from ssl_engine.losses.lejepa_loss import LeJEPALoss
 from ssl_engine.losses.mae_loss import MAELoss
 from ssl_engine.losses.masked_distillation import IBOTDistillationLoss, MSNDistillationLoss
@@ -106,6 +108,8 @@ __all__ = [
     "DCLWLoss",
     "MMCRLoss",
     "PMSNLoss",
+    "IJEPALoss",
+    "AIMLoss",
     "LeJEPALoss",
     "Data2VecLoss",
     "DINOv3Loss",

@@ -173,7 +173,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         scale_head_weights(self.heads, model_cfg.HEAD)
         self.output_heads = self._check_output_heads(model_cfg.HEAD.get("OUTPUT_HEADS", [-1]))
         self.feat_pools = nn.ModuleList(pool for _, pool in self.eval_settings.pool_ops)
-        check_mapping(self.input_mapping, self.trunk)
+        check_mapping(self.input_mapping, self.trunk, self.heads)
         self._check_eval_settings()
         if self.eval_settings.freeze_trunk_and_head:
             freeze(self)

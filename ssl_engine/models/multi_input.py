@@ -8,8 +8,10 @@ present, in the mapping's order, asked for ``feat_names`` and given those of the
 ``additional_keys`` inputs that are present as keyword arguments (``mask=...``; iBOT's teacher
 gets the global views without their masks); the heads then run on the list of every output so
 produced (a lone output: itself), and each head also receives, as keyword arguments, the
-additional inputs its ``forward`` names (MAE's decoder takes ``mask``). Entries whose input is
-absent are skipped (the teacher has no local views).
+additional inputs its ``forward`` names (MAE's decoder takes ``mask``). An additional key the
+trunk's ``forward`` does not take goes to the heads only, and some head must take it (I-JEPA's
+predictor takes ``target_index``). Entries whose input is absent are skipped (the teacher has
+no local views).
 
 Chain form (VISSL's PIRL configs): ``[[input key, [stage]], ...]`` pairs entry ``i`` with the
 chain of heads ``MODEL.HEAD.PARAMS[i]`` (a list of ``[head_name, {params}]``): the input
@@ -50,10 +52,12 @@ def parse_mapping(mapping) -> List[InputEntry]:
     return entries
 
 
-def check_mapping(entries: Sequence[InputEntry], trunk: nn.Module) -> None:
+def check_mapping(entries: Sequence[InputEntry], trunk: nn.Module,
+                  heads: Sequence[nn.Module] = ()) -> None:
     """Every entry's outputs are the trunk's and its additional inputs are parameters of the
-    trunk's ``forward``."""
-    accepted = inspect.signature(trunk.forward).parameters
+    trunk's ``forward`` or of a head's."""
+    accepted = set(inspect.signature(trunk.forward).parameters)
+    accepted.update(key for head in heads for key in head_keywords(head))
     for index, entry in enumerate(entries):
         try:
             trunk.check_out_feat_keys(entry.feat_names)
@@ -61,8 +65,8 @@ def check_mapping(entries: Sequence[InputEntry], trunk: nn.Module) -> None:
             raise ValueError(f"{KEY}[{index}]: {error}") from None
         missing = [key for key in entry.additional_keys if key not in accepted]
         if missing:
-            raise ValueError(f"{KEY}[{index}]: the trunk {type(trunk).__name__} takes no "
-                             f"input {missing} (additional_keys)")
+            raise ValueError(f"{KEY}[{index}]: neither the trunk {type(trunk).__name__} nor "
+                             f"a head takes the input(s) {missing} (additional_keys)")
 
 
 def head_keywords(head: nn.Module) -> List[str]:
@@ -76,11 +80,13 @@ def mapped_trunk_outputs(trunk: nn.Module, entries: Sequence[InputEntry],
     inputs they used, by name)."""
     outputs: List[torch.Tensor] = []
     extras: Dict[str, torch.Tensor] = {}
+    accepted = inspect.signature(trunk.forward).parameters
     for entry in entries:
         if entry.input_name not in inputs:
             continue
         keywords = {key: inputs[key] for key in entry.additional_keys if key in inputs}
-        outputs.extend(trunk(inputs[entry.input_name], entry.feat_names, **keywords))
+        outputs.extend(trunk(inputs[entry.input_name], entry.feat_names,
+                             **{key: value for key, value in keywords.items() if key in accepted}))
         extras.update(keywords)
     if not outputs:
         raise ValueError(f"none of the inputs {sorted(inputs)} is named in {KEY}")

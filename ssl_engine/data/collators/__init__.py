@@ -6,6 +6,7 @@ import functools
 from ssl_engine.data.collators import (  # noqa: F401  (importing registers them)
     cutmixup,
     default,
+    ijepa,
     masking,
     moco,
     multicrop,

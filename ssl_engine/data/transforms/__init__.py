@@ -3,6 +3,7 @@ from ssl_engine.data.transforms import (  # noqa: F401  (importing registers the
     color_distortion,
     fast_blur,
     gaussian_blur,
+    ijepa_aim_masking,
     img_replicate,
     jigsaw,
     lab,

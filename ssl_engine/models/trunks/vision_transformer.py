@@ -37,6 +37,15 @@ MaskedImageModeling / RandomPatchMasking transforms):
   waited for (a device-side assert checks the counts); without ``mask_ratio`` the count is
   read back from the mask, one wait per forward.
 
+- ``aim``: prefix-causal attention (El-Nouby et al. 2024, ``trunks/prefix_causal.py``): the
+  mask's True patches (after each image's prefix, RandomPrefixMasking) attend causally, the
+  prefix bidirectionally; every patch is kept.
+
+``forward(x, keys, context_index=...)``, [N, K] grid positions: the blocks see those patches
+only (with their position embeddings), in that order: I-JEPA's context encoder
+(Assran et al. 2023; the ijepa_collator gives the positions). ``lastBLK`` is then
+[N, prefix + K, D].
+
 Without a mask (evaluation, the teacher, the local crops) the trunk is the plain ViT.
 
 ``USE_CLASS_TOKEN: false`` (VISSL's ViT without a class token): the tokens are the patches
@@ -55,6 +64,7 @@ from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.conv_stem import conv_stem
 from ssl_engine.models.trunks.base import StagedTrunk
 from ssl_engine.models.trunks.msn_patch_drop import msn_patch_drop
+from ssl_engine.models.trunks.prefix_causal import prefix_causal_bias
 from ssl_engine.models.trunks.token_gather import assert_on_device, visible_positions
 from ssl_engine.models.trunks.transformer_parts import use_shared_attention
 from ssl_engine.utils.derivations import register_config_derivation
@@ -82,7 +92,7 @@ OUTPUTS: Dict[str, Tuple[int, str]] = {
 
 
 ALL_TOKENS = "lastBLK"
-MASKINGS = ("ibot", "mae", "msn")
+MASKINGS = ("ibot", "mae", "msn", "aim")
 
 
 def _masking(cfg) -> str:
@@ -265,13 +275,13 @@ class VisionTransformerTrunk(StagedTrunk):
 
     def forward(
         self, x: torch.Tensor, out_feat_keys: Optional[Sequence[str]] = None,
-        mask: Optional[torch.Tensor] = None,
+        mask: Optional[torch.Tensor] = None, context_index: Optional[torch.Tensor] = None,
     ) -> List[torch.Tensor]:
         """The outputs named in ``out_feat_keys`` (default: lastCLS), in that order; with
-        ``mask``, those of the masked input (see the module docstring)."""
+        ``mask`` or ``context_index``, those of the masked input (see the module docstring)."""
         keys = self.check_out_feat_keys(out_feat_keys)
-        if mask is not None or ALL_TOKENS in keys:
-            return self._last_block_outputs(x, keys, mask)
+        if mask is not None or context_index is not None or ALL_TOKENS in keys:
+            return self._last_block_outputs(x, keys, mask, context_index)
         num_blocks = max(OUTPUTS[key][0] for key in keys)
         # (patch tokens [N, L, D], class token [N, 1, D] or None) of each of the last
         # num_blocks blocks, final norm applied, oldest first
@@ -295,7 +305,8 @@ class VisionTransformerTrunk(StagedTrunk):
 
     # ------------------------------------------------------------------ masked inputs
     def _last_block_outputs(self, x: torch.Tensor, keys: Sequence[str],
-                            mask: Optional[torch.Tensor]) -> List[torch.Tensor]:
+                            mask: Optional[torch.Tensor],
+                            context_index: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
         """lastBLK, lastCLS and lastPOOL of one pass, the input masked when ``mask`` is given."""
         deep = [key for key in keys if key != ALL_TOKENS and OUTPUTS[key][0] > 1]
         if deep:
@@ -315,12 +326,18 @@ class VisionTransformerTrunk(StagedTrunk):
             index = visible_positions(mask, self._masked_count(mask))
             visible = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
             tokens = torch.cat([tokens[:, :prefix], visible], dim=1)
+        if context_index is not None:  # I-JEPA's context: the listed patches only
+            index = context_index.long().unsqueeze(-1).expand(-1, -1, tokens.shape[-1])
+            tokens = torch.cat([tokens[:, :prefix], tokens[:, prefix:].gather(1, index)], dim=1)
+        bias = (prefix_causal_bias(mask, prefix, tokens.dtype)
+                if mask is not None and self.masking == "aim" else None)
         tokens = vit.norm_pre(vit.patch_drop(tokens))
         for block in vit.blocks:
             if vit.grad_checkpointing and torch.is_grad_enabled():
-                tokens = torch.utils.checkpoint.checkpoint(block, tokens, use_reentrant=False)
+                tokens = torch.utils.checkpoint.checkpoint(block, tokens, bias,
+                                                           use_reentrant=False)
             else:
-                tokens = block(tokens)
+                tokens = block(tokens, bias)
         tokens = vit.norm(tokens)
         found = {ALL_TOKENS: tokens, "lastCLS": tokens[:, 0] if prefix else None,
                  "lastPOOL": tokens[:, prefix:].mean(dim=1)}
