@@ -161,7 +161,7 @@ def poisoned(name):
     loss = compose_config([f"config={name}", "config.MACHINE.DEVICE=cpu"])[1].LOSS.name
     crops_key = getattr(LOSS_REGISTRY[loss], "crops_key", None)
     overrides = [f"config.LOSS.{loss}.{crops_key}={WRONG['crops']}"] if crops_key else []
-    if loss in ("dino_loss", "msn_loss"):
+    if loss in ("dino_loss", "msn_loss", "capi_loss"):
         overrides.append(f"config.LOSS.{loss}.output_dim={WRONG['output_dim']}")
     if loss == "ibot_loss":
         overrides += [f"config.LOSS.ibot_loss.{key}={value}"
@@ -194,6 +194,9 @@ def test_shipped_samples_get_every_derived_setting(name):
         masking = cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING
         assert masking.NAME == "msn" and masking.PARAMS["seed"] == cfg.SEED_VALUE
         checked += 2
+    if loss == "capi_loss":
+        assert settings.output_dim == last_head(cfg)["num_clusters"]
+        checked += 1
     if loss == "ibot_loss":
         head, spec = last_head(cfg), cfg.DATA.TRAIN.TRANSFORMS
         counts = next(t["num_crops"] for t in spec if t["name"] == "ImgPilToMultiCrop")
@@ -225,7 +228,8 @@ def test_shipped_samples_get_every_derived_setting(name):
     derives = {"dino_loss", "msn_loss", "ibot_loss", "mae_loss", "swav_loss",
                "swav_momentum_loss", "swav_distillation_loss", "deepclusterv2_loss",
                "multicrop_simclr_info_nce_loss", "nce_loss_with_memory",
-               "mmcr_loss", "lejepa_loss", "pmsn_loss"}  # their views or crops per sample
+               "mmcr_loss", "lejepa_loss", "pmsn_loss",  # their views or crops per sample
+               "capi_loss"}
     assert (checked > 0) == (loss in derives), (loss, checked)
 
 
