@@ -124,6 +124,18 @@ def test_small_image_stem_is_3x3_stride_1_without_maxpool():
     assert isinstance(model.maxpool, nn.Identity)
 
 
+def test_small_image_stem_stride_2_halves_every_map():
+    model = trunk(DEPTH=18, SMALL_IMAGE_STEM=True, SMALL_IMAGE_STEM_STRIDE=2).eval()
+    assert model.conv1.stride == (2, 2) and isinstance(model.maxpool, nn.Identity)
+    with torch.no_grad():
+        feats = model(torch.randn(2, 3, 28, 28), ["res2", "res5"])
+    assert [tuple(f.shape[-2:]) for f in feats] == [(14, 14), (2, 2)]
+    with pytest.raises(ValueError, match="SMALL_IMAGE_STEM_STRIDE must be 1 or 2, got 3"):
+        trunk(DEPTH=18, SMALL_IMAGE_STEM=True, SMALL_IMAGE_STEM_STRIDE=3)
+    with pytest.raises(ValueError, match="applies to the small-image stem"):
+        trunk(DEPTH=18, SMALL_IMAGE_STEM_STRIDE=2)
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [

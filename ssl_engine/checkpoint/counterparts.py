@@ -65,7 +65,7 @@ class Counterpart:
 def _resnet(cfg, library: str) -> Counterpart:
     r = cfg.TRUNK.RESNETS
     fixed = {"WIDTH_MULTIPLIER": 1, "NORM": "BatchNorm", "SMALL_IMAGE_STEM": False,
-             "LAYER4_STRIDE": 2, "STANDARDIZE_CONVOLUTIONS": False}
+             "SMALL_IMAGE_STEM_STRIDE": 1, "LAYER4_STRIDE": 2, "STANDARDIZE_CONVOLUTIONS": False}
     for key, value in fixed.items():
         if key in r and r[key] != value:
             raise NoCounterpartError(f"config.MODEL.TRUNK.RESNETS.{key}={r[key]!r} has no "

@@ -77,6 +77,12 @@ def check_resnet_config(cfg) -> None:
                          f"(DEPTH={depth} has basic blocks); keep GROUPS 1 and WIDTH_PER_GROUP 64")
     if int(cfg.get("LAYER4_STRIDE", 2)) not in (1, 2):
         raise ValueError(f"{CONFIG}.LAYER4_STRIDE must be 1 or 2, got {cfg.LAYER4_STRIDE!r}")
+    if int(cfg.get("SMALL_IMAGE_STEM_STRIDE", 1)) not in (1, 2):
+        raise ValueError(f"{CONFIG}.SMALL_IMAGE_STEM_STRIDE must be 1 or 2, got "
+                         f"{cfg.SMALL_IMAGE_STEM_STRIDE!r}")
+    if int(cfg.get("SMALL_IMAGE_STEM_STRIDE", 1)) != 1 and not cfg.get("SMALL_IMAGE_STEM"):
+        raise ValueError(f"{CONFIG}.SMALL_IMAGE_STEM_STRIDE applies to the small-image stem: "
+                         "set SMALL_IMAGE_STEM true, or leave the stride at 1")
     if cfg.get("STANDARDIZE_CONVOLUTIONS", False):
         raise ValueError(f"{CONFIG}.STANDARDIZE_CONVOLUTIONS=True is not supported: the trunk "
                          "has no weight-standardized convolutions; set it to false")
@@ -110,8 +116,8 @@ class ResNetTrunk(StagedTrunk):
         self.lab_input = str(model_cfg.get("INPUT_TYPE", "rgb")) == "lab"
         in_channels = 1 if self.lab_input else 3
         if cfg.SMALL_IMAGE_STEM:
-            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=3, stride=1, padding=1,
-                                   bias=False)
+            self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=3, padding=1, bias=False,
+                                   stride=int(cfg.get("SMALL_IMAGE_STEM_STRIDE", 1)))
             self.maxpool = nn.Identity()
         else:
             self.conv1 = nn.Conv2d(in_channels, stem, kernel_size=7, stride=2, padding=3,
