@@ -10,8 +10,6 @@ import types
 import pytest
 import torch
 
-import ssl_engine.losses  # noqa: F401  (registers the losses before a config is composed)
-import ssl_engine.models  # noqa: F401
 from ssl_engine.config import load_config
 from ssl_engine.losses import Data2VecLoss, DINOv3Loss, StepContext, build_loss
 from ssl_engine.losses.data2vec_loss import data2vec_targets, masked_regression
