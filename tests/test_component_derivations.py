@@ -166,8 +166,8 @@ def poisoned(name):
     if loss == "ibot_loss":
         overrides += [f"config.LOSS.ibot_loss.{key}={value}"
                       for key, value in WRONG["ibot"].items()]
-    if loss == "mae_loss":
-        overrides.append(f"config.LOSS.mae_loss.patch_size={WRONG['patch_size']}")
+    if loss in ("mae_loss", "aim_loss", "ijepa_loss"):
+        overrides.append(f"config.LOSS.{loss}.patch_size={WRONG['patch_size']}")
     if loss == "swav_loss":
         overrides += [f"config.LOSS.swav_loss.num_prototypes={WRONG['swav'][0]}",
                       f"config.LOSS.swav_loss.embedding_dim={WRONG['swav'][1]}"]
@@ -206,7 +206,7 @@ def test_shipped_samples_get_every_derived_setting(name):
             cfg.OPTIMIZER.num_epochs
         assert settings.patch_out_dim == head.get("patch_out_dim", head["out_dim"])
         checked += 3
-    if loss == "mae_loss":
+    if loss in ("mae_loss", "aim_loss", "ijepa_loss"):
         assert settings.patch_size == cfg.MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE != 99
         checked += 1
     if loss == "swav_loss":
@@ -229,7 +229,7 @@ def test_shipped_samples_get_every_derived_setting(name):
                "swav_momentum_loss", "swav_distillation_loss", "deepclusterv2_loss",
                "multicrop_simclr_info_nce_loss", "nce_loss_with_memory",
                "mmcr_loss", "lejepa_loss", "pmsn_loss",  # their views or crops per sample
-               "capi_loss"}
+               "capi_loss", "aim_loss", "ijepa_loss"}
     assert (checked > 0) == (loss in derives), (loss, checked)
 
 

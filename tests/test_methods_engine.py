@@ -10,7 +10,8 @@ NNCLR's support set, a queue of projections that its two steps fill; CAPI's ViT 
 its clustering layer trained online and Sinkhorn-Knopp per patch position over the global
 batch; data2vec 2.0's EMA teacher with an annealed momentum and masked copies of each image;
 DINOv3's Gram teacher, taken from the EMA teacher at the first iteration and read back from
-the checkpoint at the second.)"""
+the checkpoint at the second; I-JEPA's EMA target encoder with its linear momentum and the
+multi-block masks of each sample.)"""
 import pytest
 import torch
 
@@ -26,7 +27,7 @@ from engine_utils import (
 
 METHODS = ["moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav", "dino",
            "msn", "multicrop_simclr", "swav_momentum", "npid", "pirl", "deepclusterv2", "nnclr",
-           "capi", "data2vec", "dinov3"]
+           "capi", "data2vec", "dinov3", "ijepa"]
 # 16 images, batch 8: 2 iterations in one epoch, a checkpoint after each.  (More steps of
 # these tiny batch-normalised nets amplify float rounding beyond a useful tolerance.)
 COMMON = ["config.OPTIMIZER.num_epochs=1", "config.DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=16",
@@ -48,9 +49,11 @@ TERMS = {"moco_v3": {"view0_to_view1", "view1_to_view0"},
          "nnclr": {"view0_to_view1", "view1_to_view0"},
          "capi": {"prediction", "clustering"},
          "data2vec": {"regression"},
-         "dinov3": {"teacher_crop0", "teacher_crop1", "gram"}}
+         "dinov3": {"teacher_crop0", "teacher_crop1", "gram"},
+         "ijepa": {"smooth_l1"}}
 # what the collapse monitor logs of these (their first output is not an embedding)
-MONITOR_KEY = {"data2vec": "prediction_std", "dinov3": "teacher_entropy"}
+MONITOR_KEY = {"data2vec": "prediction_std", "dinov3": "teacher_entropy",
+               "ijepa": "prediction_std"}
 
 
 # The trunk's norm in these runs.  Barlow Twins (like SimCLR, tested beside the engine's

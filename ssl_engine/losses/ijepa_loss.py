@@ -14,7 +14,7 @@ The EMA momentum rises linearly from ``momentum`` to ``momentum_end`` over the r
 0.996 -> 1.0), driven by the momentum target hook. The inputs are the ijepa_collator's
 (``images``, ``context_index``, ``target_index``) with MultiBlockMasking's masks.
 """
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,8 @@ class IJEPALoss(MomentumTargetLoss):
     in before launch. The target network is the loss's state, hence in every checkpoint."""
 
     online_only_heads = 1  # the predictor
+    batch_coupling = ("the ijepa_collator cuts every context and target block to the smallest "
+                      "of the (micro-)batch")
     monitor_embedding = False  # the output is a block of token predictions
 
     @classmethod
@@ -64,6 +66,7 @@ class IJEPALoss(MomentumTargetLoss):
         if not 0.0 <= momentum_end <= 1.0:
             raise ValueError(f"ijepa_loss: momentum_end must be in [0, 1], got {momentum_end}")
         self.momentum_end, self.patch_size = float(momentum_end), int(patch_size)
+        self._last_statistics: Dict[str, torch.Tensor] = {}
 
     def momentum_at(self, step: int, total: int) -> float:
         """``momentum`` rising linearly to ``momentum_end`` at the end of the run."""
@@ -73,7 +76,9 @@ class IJEPALoss(MomentumTargetLoss):
 
     # ------------------------------------------------------------------ the target
     def bind_model(self, model) -> None:
-        super().bind_model(model)
+        """The target encoder: a frozen copy of the trunk (the heads before the predictor too,
+        though I-JEPA has none), without stochastic depth."""
+        self.target_network = model.target_copy(len(model.heads) - self.online_only_heads)
         without_stochastic_depth(self.target_network)
 
     def target_input(self, batch):
@@ -102,4 +107,13 @@ class IJEPALoss(MomentumTargetLoss):
             raise ValueError(f"ijepa_loss: the predictor gave {tuple(prediction.shape)}, the "
                              f"target blocks are {tuple(targets.shape)} (check patch_size="
                              f"{self.patch_size} and the predictor's in_dim)")
+        with torch.no_grad():  # collapse: every image's tokens alike (spread over the batch)
+            self._last_statistics = {
+                "target_std": targets.flatten(1, 2).std(dim=0).mean(),
+                "prediction_std": prediction.detach().flatten(1, 2).std(dim=0).mean()}
         return total_of(self, {"smooth_l1": F.smooth_l1_loss(prediction, targets)})
+
+    def collapse_statistics(self) -> Dict[str, torch.Tensor]:
+        """The spread over the batch of the target tokens and of the predictions (per token
+        and channel, averaged): near 0 when every image gets the same representation."""
+        return self._last_statistics
