@@ -13,6 +13,7 @@ from ssl_engine.losses.bce_logits_multiple_output_single_target import (
     BCELogitsMultipleOutputSingleTargetLoss,
 )
 from ssl_engine.losses.byol_loss import BYOLLoss
+from ssl_engine.losses.capi_loss import CAPILoss
 from ssl_engine.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "StepContext",
     "BarlowTwinsLoss",
     "BYOLLoss",
+    "CAPILoss",
     "DINOLoss",
     "DINODistillationLoss",
     "DistillationLoss",

@@ -1,6 +1,7 @@
 """Heads: modules applied to the trunk output, each registered with ``register_model_head``."""
 from ssl_engine.models.heads.aim_head import AIMPredictionHead  # noqa: F401  (registers it)
 from ssl_engine.models.heads.data2vec_decoder import Data2VecDecoder  # noqa: F401  (registers it)
+from ssl_engine.models.heads.capi_head import CAPIHead  # noqa: F401  (registers "capi_head")
 from ssl_engine.models.heads.dino_head import DINOHead  # noqa: F401  (registers "dino_head")
 from ssl_engine.models.heads.dinov3_head import DINOv3Head  # noqa: F401  (registers it)
 from ssl_engine.models.heads.eval_mlp import EvalMLP  # noqa: F401  (registers "eval_mlp")
