@@ -10,7 +10,7 @@ CASES = {
     "vit_small_patch16_224": model_cfg("vision_transformer", "VISION_TRANSFORMERS",
                                        HIDDEN_DIM=384, NUM_HEADS=6, MLP_DIM=1536, QKV_BIAS=True),
     "vit_base_patch16_224": model_cfg("vision_transformer"),
-    # no class token: timm's fc_norm follows the mean the trunk outputs (lastPOOL)
+    # no class token: model(x), the mean of the normed patch tokens, is the lastPOOL
     "vit without class token": model_cfg("vision_transformer", "VISION_TRANSFORMERS",
                                          IMAGE_SIZE=32, PATCH_SIZE=8, NUM_LAYERS=2, NUM_HEADS=2,
                                          HIDDEN_DIM=64, MLP_DIM=128, USE_CLASS_TOKEN=False),

@@ -295,6 +295,22 @@ def test_without_class_token_outputs_are_means_of_the_patch_tokens():
     torch.testing.assert_close(default, last_pool, rtol=0, atol=0)
 
 
+def test_without_class_token_the_final_norm_is_applied_and_every_parameter_is_used():
+    """The tokens go through a LayerNorm before the mean (no norm left unused after it, which
+    would stop a multi-process run: DDP finds a parameter without a gradient)."""
+    trunk = make_model(USE_CLASS_TOKEN=False).trunk.train()
+    assert isinstance(trunk.vit.norm, torch.nn.LayerNorm)
+    (tokens,) = trunk(images(), ["lastBLK"])
+    # LayerNorm at its initial weight 1 and bias 0: each token has mean 0 and variance 1
+    torch.testing.assert_close(tokens.mean(-1), torch.zeros(tokens.shape[:2]), atol=1e-5,
+                               rtol=0)
+    torch.testing.assert_close(tokens.var(-1, unbiased=False), torch.ones(tokens.shape[:2]),
+                               atol=1e-3, rtol=0)
+    trunk(images(), ["lastPOOL"])[0].square().sum().backward()
+    unused = [name for name, p in trunk.named_parameters() if p.grad is None]
+    assert not unused, unused
+
+
 @pytest.mark.parametrize("layer", ["lastCLS", "concatCLS4"])
 def test_without_class_token_cls_outputs_are_refused(layer):
     trunk = make_model(USE_CLASS_TOKEN=False).trunk

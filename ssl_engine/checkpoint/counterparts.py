@@ -103,11 +103,10 @@ def _vit(cfg, library: str, trunk: torch.nn.Module) -> Counterpart:
                   qkv_bias=vit.blocks[0].attn.qkv.bias is not None, num_classes=0)
     name = maps.vit_name(kwargs)
     if not vit.has_class_token:
-        kwargs.update(class_token=False, global_pool="avg")
+        kwargs.update(class_token=False, global_pool="avg", fc_norm=False)
     drop_mask = maps.drop_keys("mask_token")
     features = ("model(x) equals the trunk's lastCLS" if vit.has_class_token else
-                "model.forward_features(x).mean(1) equals the trunk's lastPOOL (timm's "
-                "fc_norm after it is not the trunk's)")
+                "model(x) and model.forward_features(x).mean(1) equal the trunk's lastPOOL")
     return Counterpart("vision_transformer", library, name, kwargs,
                        features + "; model.get_intermediate_layers(x, n) gives the blocks' "
                        "outputs",

@@ -220,6 +220,8 @@ class VisionTransformerTrunk(StagedTrunk):
             num_classes=0,
             class_token=self.use_class_token,
             global_pool="token" if self.use_class_token else "avg",
+            fc_norm=False,  # the final norm on every token (timm's avg pool would move it
+            # to a norm after the mean that no output here reads: unused in DDP, no final norm)
             embed_dim=hidden_dim,
             depth=num_layers,
             num_heads=num_heads,
