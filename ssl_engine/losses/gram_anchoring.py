@@ -8,15 +8,15 @@ the patches):
 
     L_Gram = || G(X_student) - G(X_gram_teacher) ||_F^2
 
-The paper writes the squared Frobenius norm; ASSUMED here (not checked against the paper's
-code): it is taken as the mean over the P^2 entries (a mean squared error), averaged over the
-global crops of the batch, so its size does not grow with the number of patches.  The term
-enters the loss as ``gram_loss_weight * L_Gram`` from iteration ``gram_start_iteration`` on (0
-before: the term is logged as 0).  The Gram teacher is the EMA teacher's trunk copied at
-iteration ``gram_start_iteration`` and again every ``gram_update_frequency`` iterations (the
-copy happens before that iteration's loss).  The paper's settings as recalled, NOT checked
-against its text: anchoring from 1M iterations, refreshed every 10k, weight 2; the paper's
-high-resolution variant (the Gram teacher fed images at twice the size, its features
+The paper writes the squared Frobenius norm; the authors' released loss takes it as the mean
+over the P^2 entries (a mean squared error), over the global crops of the batch, so its size
+does not grow with the number of patches; so does this one.  The term enters the loss as
+``gram_loss_weight * L_Gram`` from iteration ``gram_start_iteration`` on (0 before: the term
+is logged as 0).  The Gram teacher is the EMA teacher's trunk copied at iteration
+``gram_start_iteration`` and again every ``gram_update_frequency`` iterations (the copy
+happens before that iteration's loss).  The released ViT-7B settings: the Gram teacher loaded
+at iteration 1,010,000, refreshed every 10k (at most 3 times), the weight rising to 2; the
+paper's high-resolution variant (the Gram teacher fed images at twice the size, its features
 downsampled) and its limit on the number of refreshes are not built.  The Gram teacher's
 weights are a submodule of the loss, hence in every checkpoint; whether it is refreshed at
 an iteration depends on the iteration alone, so a resumed run continues exactly.
