@@ -161,7 +161,7 @@ def poisoned(name):
     loss = compose_config([f"config={name}", "config.MACHINE.DEVICE=cpu"])[1].LOSS.name
     crops_key = getattr(LOSS_REGISTRY[loss], "crops_key", None)
     overrides = [f"config.LOSS.{loss}.{crops_key}={WRONG['crops']}"] if crops_key else []
-    if loss in ("dino_loss", "msn_loss", "capi_loss"):
+    if loss in ("dino_loss", "dinov3_loss", "msn_loss", "capi_loss"):
         overrides.append(f"config.LOSS.{loss}.output_dim={WRONG['output_dim']}")
     if loss == "ibot_loss":
         overrides += [f"config.LOSS.ibot_loss.{key}={value}"
@@ -186,7 +186,7 @@ def test_shipped_samples_get_every_derived_setting(name):
         crops = crops_per_sample(cfg.DATA.TRAIN.TRANSFORMS)
         assert crops > 1 and settings[crops_key] == crops
         checked += 1
-    if loss == "dino_loss":
+    if loss in ("dino_loss", "dinov3_loss"):
         assert settings.output_dim == first(last_head(cfg)["num_clusters"])
         checked += 1
     if loss == "msn_loss":
@@ -229,7 +229,7 @@ def test_shipped_samples_get_every_derived_setting(name):
                "swav_momentum_loss", "swav_distillation_loss", "deepclusterv2_loss",
                "multicrop_simclr_info_nce_loss", "nce_loss_with_memory",
                "mmcr_loss", "lejepa_loss", "pmsn_loss",  # their views or crops per sample
-               "capi_loss", "aim_loss", "ijepa_loss"}
+               "capi_loss", "aim_loss", "ijepa_loss", "data2vec_loss", "dinov3_loss"}
     assert (checked > 0) == (loss in derives), (loss, checked)
 
 

@@ -118,8 +118,8 @@ def test_aim_prefix_causal_vit_matches_lightly():
     trunk = model.trunk
     reference = MaskedCausalVisionTransformer(
         img_size=16, patch_size=4, embed_dim=D, depth=4, num_heads=2, mlp_ratio=2.0,
-        qkv_bias=True, num_classes=0, class_token=False, global_pool="avg",
-        dynamic_img_size=True)
+        qkv_bias=True, num_classes=0, class_token=False, global_pool="avg", fc_norm=False,
+        dynamic_img_size=True)  # fc_norm=False: the final norm on the tokens, as the trunk
     reference.load_state_dict(trunk.vit.state_dict())
     x = images()
     prefix = torch.tensor([[1], [7], [15]])

@@ -9,6 +9,7 @@ from torch import nn
 
 from ssl_engine.models.heads.mae_decoder import sincos_position_embedding
 from ssl_engine.models.registry import register_model_head
+from ssl_engine.models.trunks.base import drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import init_linear_and_norms, use_shared_attention
 
 
@@ -43,7 +44,7 @@ class IJEPAPredictor(nn.Module):
         dim = int(predictor_dim)
         self.embed = nn.Linear(int(in_dim), dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, 1, dim))
-        rates = torch.linspace(0, float(drop_path_rate), int(depth)).tolist()
+        rates = drop_path_rates(float(drop_path_rate), int(depth))
         self.blocks = nn.ModuleList(
             Block(dim, int(num_heads), mlp_ratio=mlp_ratio, qkv_bias=bool(qkv_bias),
                   drop_path=rate, norm_layer=partial(nn.LayerNorm, eps=1e-6)) for rate in rates)
