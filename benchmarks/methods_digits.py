@@ -26,7 +26,8 @@ from ssl_engine.report import comparison_figure, comparison_table, read_run_fold
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "simsiam", "barlow_twins", "vicreg", "swav",
            "dino", "dino_vit", "msn_vit", "dinov2_vit", "ibot_vit", "mae_vit", "nnclr", "dcl",
-           "mmcr", "pmsn_vit", "lejepa", "ijepa_vit", "aim_vit", "data2vec_vit", "dinov3_vit"]
+           "mmcr", "pmsn_vit", "lejepa", "ijepa_vit", "aim_vit", "data2vec_vit", "dinov3_vit",
+           "capi_vit"]
 
 
 def run_recipe(method: str, out_dir: Path, overrides) -> dict:
