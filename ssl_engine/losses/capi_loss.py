@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
-from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.outputs import as_output_list, global_views, total_of
 from ssl_engine.losses.sinkhorn import distributed_sinkhorn
 from ssl_engine.losses.teacher_student import TeacherCollapseMonitor, without_stochastic_depth
 from ssl_engine.models.heads.capi_head import CAPIHead, masked_positions
@@ -101,12 +101,9 @@ class CAPILoss(TeacherCollapseMonitor, MomentumTargetLoss):
         without_stochastic_depth(self.target_network)
 
     def target_input(self, batch):
-        inputs = batch["input"]
-        if not isinstance(inputs, dict) or "global_views" not in inputs:
-            raise ValueError("capi_loss needs named inputs with global_views: the "
-                             "ibot_multicrop_masking_collator with DATA.TRAIN.INPUT_KEY_NAMES: "
-                             "[global_views, mask]")
-        return {"global_views": inputs["global_views"]}
+        return {"global_views": global_views(
+            batch["input"], "capi_loss", "the ibot_multicrop_masking_collator with "
+            "DATA.TRAIN.INPUT_KEY_NAMES: [global_views, mask]")}
 
     # ------------------------------------------------------------------ the loss
     def forward(self, output, target: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
-from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.outputs import as_output_list, global_views, total_of
 from ssl_engine.losses.teacher_student import first_crops, without_stochastic_depth
 from ssl_engine.utils.classy import register_loss
 
@@ -138,11 +138,8 @@ class Data2VecLoss(MomentumTargetLoss):
 
     def target_input(self, batch):
         """The first copy of every image, unmasked."""
-        inputs = batch["input"]
-        if not isinstance(inputs, dict) or "global_views" not in inputs:
-            raise ValueError("data2vec_loss needs named inputs with global_views: the "
-                             "ibot_multicrop_masking_collator and MODEL.MULTI_INPUT_HEAD_MAPPING")
-        return {"global_views": first_crops(inputs["global_views"], self.num_copies, 1,
+        views = global_views(batch["input"], "data2vec_loss")
+        return {"global_views": first_crops(views, self.num_copies, 1,
                                             "LOSS.data2vec_loss.num_copies", single=True)}
 
     def run_target(self, inputs, task) -> torch.Tensor:

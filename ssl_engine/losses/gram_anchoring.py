@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.dino_loss import DINOLoss
-from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.outputs import as_output_list, global_views, total_of
 from ssl_engine.utils.classy import register_loss
 from ssl_engine.utils.device import float32_outputs
 
@@ -100,11 +100,7 @@ class DINOv3Loss(DINOLoss):
 
     def target_input(self, batch):
         """The global views (named inputs)."""
-        inputs = batch["input"]
-        if not isinstance(inputs, dict) or "global_views" not in inputs:
-            raise ValueError("dinov3_loss needs named inputs with global_views: the "
-                             "ibot_multicrop_masking_collator and MODEL.MULTI_INPUT_HEAD_MAPPING")
-        return {"global_views": inputs["global_views"]}
+        return {"global_views": global_views(batch["input"], "dinov3_loss")}
 
     def run_target(self, inputs, task) -> torch.Tensor:
         return self.target_network(inputs)[-1]  # the teacher's scores

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
-from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.outputs import as_output_list, global_views, total_of
 from ssl_engine.losses.teacher_student import (
     TeacherCollapseMonitor,
     centered_targets,
@@ -139,11 +139,7 @@ class IBOTLoss(TeacherCollapseMonitor, MomentumTargetLoss):
 
     def target_input(self, batch):
         """The global views, unmasked."""
-        inputs = batch["input"]
-        if not isinstance(inputs, dict) or "global_views" not in inputs:
-            raise ValueError("ibot_loss needs named inputs with global_views: the "
-                             "ibot_multicrop_masking_collator and MODEL.MULTI_INPUT_HEAD_MAPPING")
-        return {"global_views": inputs["global_views"]}
+        return {"global_views": global_views(batch["input"], "ibot_loss")}
 
     def run_target(self, inputs, task):
         return self.target_network(inputs)  # [class scores, patch scores]

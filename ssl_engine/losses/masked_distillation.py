@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ssl_engine.losses.distillation import DINODistillationLoss, TeacherLoss
-from ssl_engine.losses.outputs import as_output_list, total_of
+from ssl_engine.losses.outputs import as_output_list, global_views, total_of
 from ssl_engine.losses.teacher_student import Inputs, crop_pairs
 from ssl_engine.utils.classy import register_loss
 
@@ -71,10 +71,7 @@ class IBOTDistillationLoss(TeacherLoss):
 
     def teacher_input(self, inputs: Inputs) -> Inputs:
         """The global views, unmasked."""
-        if not isinstance(inputs, dict) or "global_views" not in inputs:
-            raise ValueError("ibot_distillation_loss needs named inputs with global_views: the "
-                             "ibot_multicrop_masking_collator and MODEL.MULTI_INPUT_HEAD_MAPPING")
-        return {"global_views": inputs["global_views"]}
+        return {"global_views": global_views(inputs, "ibot_distillation_loss")}
 
     def set_teacher_output(self, outputs, teacher) -> None:
         outputs = as_output_list(outputs)

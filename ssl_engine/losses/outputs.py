@@ -53,3 +53,14 @@ def total_of(loss_module, terms: Dict[str, torch.Tensor]) -> torch.Tensor:
     sum."""
     loss_module.loss_terms = terms
     return sum(terms.values())
+
+
+NAMED_VIEWS_SETUP = "the ibot_multicrop_masking_collator and MODEL.MULTI_INPUT_HEAD_MAPPING"
+
+
+def global_views(inputs, loss_name: str, setup: str = NAMED_VIEWS_SETUP) -> torch.Tensor:
+    """The ``global_views`` of named model inputs; ValueError naming ``loss_name`` and the
+    ``setup`` that gives them otherwise."""
+    if not isinstance(inputs, dict) or "global_views" not in inputs:
+        raise ValueError(f"{loss_name} needs named inputs with global_views: {setup}")
+    return inputs["global_views"]
