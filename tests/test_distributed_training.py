@@ -1,8 +1,14 @@
 """Two gloo processes with half the batch each train like one process with the whole batch."""
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine_utils import final_weights, run_engine, step_losses
+
+REPO = Path(__file__).resolve().parents[1]
 
 # GroupNorm: normalisation per sample, so the model's output does not depend on how the
 # global batch is split over processes (batch norm would normalise per process).
@@ -11,9 +17,13 @@ COMMON = ["config.MODEL.TRUNK.RESNETS.NORM=GroupNorm", "config.LOG_FREQUENCY=1",
 
 
 def test_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
+    """The two processes meet through a file (DISTRIBUTED.INIT_METHOD=file); the default
+    tcp:// set-up of two processes is the one of the batch-norm test below and of the
+    torchrun comparison's spawned run."""
     run_engine(tmp_path / "one", COMMON + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"])
     run_engine(tmp_path / "two", COMMON + ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
-                                           "config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
+                                           "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+                                           "config.DISTRIBUTED.INIT_METHOD=file"])
     one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == [1, 2, 3]
     for iteration in one:
@@ -62,37 +72,40 @@ def test_torch_sync_batch_norm_on_cpu_runs_as_global_batch_norm(tmp_path, caplog
         check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
 
 
-def test_file_init_method_two_processes(tmp_path):
-    run_engine(tmp_path, COMMON + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
-                                   "config.DISTRIBUTED.INIT_METHOD=file",
-                                   "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"])
-    assert sorted(step_losses(tmp_path)) == [1, 2, 3]
+# a torchrun run of the quick config: 2 processes of 4 images, one epoch; a checkpoint every 2
+# steps, resumed automatically, a short timeout for a group that lost a member (the elastic
+# restart test's settings)
+TORCHRUN_RUN = ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4", "config.LOG_FREQUENCY=1",
+                "config.OPTIMIZER.num_epochs=1"]
+ELASTIC = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2", "config.CHECKPOINT.AUTO_RESUME=true",
+           "config.DISTRIBUTED.TIMEOUT_MINUTES=0.5"]
 
 
-def test_torchrun_world_is_joined_not_respawned(tmp_path):
-    """Under torchrun the launcher joins the 2-process world torchrun made; it trains exactly
-    like the launcher's own 2 processes."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
+@pytest.fixture(scope="module")
+def torchrun_straight(tmp_path_factory) -> Path:
+    """An uninterrupted run under ``torchrun --nproc_per_node=2 --master_port=...`` (its static
+    rendezvous), with the elastic settings: the run of the two torchrun tests below."""
     from ssl_engine.engines.launcher import find_free_port
 
-    repo = Path(__file__).resolve().parents[1]
-    overrides = ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4", "config.LOG_FREQUENCY=1",
-                 "config.OPTIMIZER.num_epochs=1"]
+    folder = tmp_path_factory.mktemp("torchrun") / "straight"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         f"--master_port={find_free_port()}", str(repo / "tools/run_distributed_engines.py"),
-         "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={tmp_path / 'torchrun'}",
-         *overrides],
+         f"--master_port={find_free_port()}", str(REPO / "tools/run_distributed_engines.py"),
+         "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={folder}",
+         *TORCHRUN_RUN, *ELASTIC],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    log = (tmp_path / "torchrun" / "log.txt").read_text()
+    return folder
+
+
+def test_torchrun_world_is_joined_not_respawned(tmp_path, torchrun_straight):
+    """Under torchrun the launcher joins the 2-process world torchrun made; it trains exactly
+    like the launcher's own 2 processes."""
+    log = (torchrun_straight / "log.txt").read_text()
     assert "world=2 init=env://" in log
-    run_engine(tmp_path / "spawned", overrides + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
-    assert step_losses(tmp_path / "torchrun") == step_losses(tmp_path / "spawned")
+    run_engine(tmp_path / "spawned", TORCHRUN_RUN + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=2"])
+    assert step_losses(torchrun_straight) == step_losses(tmp_path / "spawned")
 
 
 def test_a_dead_rank_ends_the_run_with_one_message(tmp_path):
@@ -127,12 +140,13 @@ def _read_bytes(path) -> bytes:
         return b""
 
 
-def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(tmp_path):
+def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(
+        tmp_path, torchrun_straight):
     """Elastic restart: rank 1 is killed after iteration 3 of torchrun's first attempt; torchrun
     starts the group again, which resumes from the checkpoint of iteration 2 and ends with the
-    weights of an uninterrupted torchrun run.  (Each attempt sets its group up through keys of
-    its own in the agent's store: before that, a restarted group often read the dead group's
-    addresses and failed or hung, see the test below.)"""
+    weights of an uninterrupted torchrun run (``torchrun_straight``).  (Each attempt sets its
+    group up through keys of its own in the agent's store: before that, a restarted group often
+    read the dead group's addresses and failed or hung, see the test below.)"""
     import os
     import signal
     import subprocess
@@ -153,10 +167,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(
              "--max-restarts=5", "--rdzv-backend=c10d",
              f"--rdzv-endpoint=127.0.0.1:{find_free_port()}",
              str(repo / "tools/run_distributed_engines.py"), "config=test/quick_simclr_synthetic",
-             f"config.CHECKPOINT.DIR={tmp_path / folder}", "config.OPTIMIZER.num_epochs=1",
-             "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4", "config.LOG_FREQUENCY=1",
-             "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2", "config.CHECKPOINT.AUTO_RESUME=true",
-             "config.DISTRIBUTED.TIMEOUT_MINUTES=0.5", *extra],
+             f"config.CHECKPOINT.DIR={tmp_path / folder}", *TORCHRUN_RUN, *ELASTIC, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})},
         )
@@ -185,9 +196,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_uninterrupted(
     assert proc.returncode == 0, failure_report(proc)
     assert "exitcode: -9" in proc.stderr  # the kill happened, and torchrun saw it
     assert "resuming from phase -1, iteration 2" in (tmp_path / "elastic" / "log.txt").read_text()
-    proc = torchrun("straight")
-    assert proc.returncode == 0, failure_report(proc)
-    straight, elastic = final_weights(tmp_path / "straight"), final_weights(tmp_path / "elastic")
+    straight, elastic = final_weights(torchrun_straight), final_weights(tmp_path / "elastic")
     for name, value in straight.items():
         assert torch.equal(elastic[name], value), name
 
