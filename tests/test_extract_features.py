@@ -270,10 +270,28 @@ def test_weights_file_without_a_state_dict_is_refused_before_launch(tmp_path):
     assert "init process group" not in proc.stdout
 
 
-def test_full_disk_during_extraction_keeps_earlier_files_and_says_what_is_complete(tmp_path):
-    out = tmp_path / "out"
-    first = extract_cli(out)
+WORKERS = ["config.DATA.NUM_DATALOADER_WORKERS=auto"]  # the default data-loader workers
+
+
+@pytest.fixture(scope="module")
+def first_extraction(tmp_path_factory):
+    """A finished command-line extraction (TINY, the default data-loader workers): the earlier
+    run of the tests below, each of which extracts again into a copy of its folder."""
+    folder = tmp_path_factory.mktemp("first_extraction") / "out"
+    first = extract_cli(folder, WORKERS)
     assert first.returncode == 0, first.stderr
+    return folder
+
+
+def copy_of(folder, tmp_path):
+    import shutil
+
+    return shutil.copytree(folder, tmp_path / "out", symlinks=True)
+
+
+def test_full_disk_during_extraction_keeps_earlier_files_and_says_what_is_complete(
+        tmp_path, first_extraction):
+    out = copy_of(first_extraction, tmp_path)
     before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
 
     # 4 files per batch (inds, targets, 2 layers); train has 5 batches: the 22nd write is the
@@ -305,9 +323,6 @@ def test_dead_data_loader_worker_ends_extraction_with_one_message(tmp_path):
 
 
 # ---------------------------------------------------------------- non-finite features
-WORKERS = ["config.DATA.NUM_DATALOADER_WORKERS=auto"]  # the default data-loader workers
-
-
 def test_check_finite_names_the_layer_and_the_dataset_index_of_the_first_bad_sample():
     inds = torch.arange(8, 16)
     fine = torch.randn(8, 3)
@@ -332,10 +347,9 @@ def nan_weights(path):
     torch.save(state, path)
 
 
-def test_nan_weights_stop_extraction_with_one_line_and_earlier_files_stay(tmp_path):
-    out = tmp_path / "out"
-    first = extract_cli(out, WORKERS)
-    assert first.returncode == 0, first.stderr
+def test_nan_weights_stop_extraction_with_one_line_and_earlier_files_stay(tmp_path,
+                                                                         first_extraction):
+    out = copy_of(first_extraction, tmp_path)
     before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
     weights = tmp_path / "nan.torch"
     nan_weights(weights)
@@ -357,10 +371,9 @@ def split_npy(folder, split):
     return sorted(path.name for path in folder.glob(f"{split}_*.npy"))
 
 
-def test_a_new_extraction_removes_the_layers_it_does_not_write_and_lists_its_files(tmp_path):
-    out = tmp_path / "out"
-    first = extract_cli(out, WORKERS)
-    assert first.returncode == 0, first.stderr
+def test_a_new_extraction_removes_the_layers_it_does_not_write_and_lists_its_files(
+        tmp_path, first_extraction):
+    out = copy_of(first_extraction, tmp_path)
     test_files = {name: (out / name).read_bytes() for name in split_npy(out, "test")}
     assert len(test_files) == 6
     others = {"notes.txt": b"mine", "train_res4_features.npy.bak": b"a copy",
