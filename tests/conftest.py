@@ -1,7 +1,13 @@
-"""The test session's temporary files stay in its own temporary tree."""
+"""The test session's temporary files stay in its own temporary tree; a command-line run of the
+quick config that several test files compare with."""
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -16,3 +22,19 @@ def session_temporary_folder(tmp_path_factory):
         patch.setenv("TMPDIR", str(folder))
         patch.setattr(tempfile, "tempdir", str(folder))
         yield folder
+
+
+@pytest.fixture(scope="session")
+def quick_straight_run(tmp_path_factory, session_temporary_folder) -> Path:
+    """The folder of an uninterrupted command-line run of config=test/quick_simclr_synthetic
+    (2 epochs of 4 steps, a log line per step, checkpoints at iterations 3 and 6 and at the
+    epoch ends): the run whose final weights the stopped-and-resumed runs of
+    tests/test_train_engine.py and tests/test_stop_signals.py end with."""
+    folder = tmp_path_factory.mktemp("quick_straight_run")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools/run_distributed_engines.py"),
+         "config=test/quick_simclr_synthetic", f"config.CHECKPOINT.DIR={folder}",
+         "config.LOG_FREQUENCY=1", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return folder

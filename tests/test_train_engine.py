@@ -20,9 +20,34 @@ REPO = Path(__file__).resolve().parents[1]
 ITERS_PER_EPOCH, EPOCHS = 4, 2
 
 
-def test_checkpoint_files_keys_and_logs(tmp_path):
-    run_engine(tmp_path, ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
-                          "config.LOG_FREQUENCY=1"])
+CALLS = []
+
+
+@register_train_step("test_counting_step")
+def counting_step(task):
+    standard_train_step(task)
+    CALLS.append(task.iteration)
+    return task
+
+
+@pytest.fixture(scope="module")
+def counted_run(tmp_path_factory):
+    """One run for the three tests below: checkpoints every 3 iterations, a log line per step,
+    the train step chosen by name (the standard step, counted): its folder and the iterations
+    the step ran."""
+    folder = tmp_path_factory.mktemp("counted")
+    CALLS.clear()
+    run_engine(folder, ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3", "config.LOG_FREQUENCY=1",
+                        "config.TRAINER.TRAIN_STEP_NAME=test_counting_step"])
+    return folder, list(CALLS)
+
+
+def test_train_step_chosen_by_name(counted_run):
+    assert counted_run[1] == list(range(1, ITERS_PER_EPOCH * EPOCHS + 1))
+
+
+def test_checkpoint_files_keys_and_logs(counted_run):
+    tmp_path = counted_run[0]
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["checkpoint.torch", "log.txt", "metrics.json",
                      "model_final_checkpoint_phase1.torch", "model_iteration3.torch",
@@ -54,12 +79,11 @@ def test_checkpoint_files_keys_and_logs(tmp_path):
     assert "| eta " in log and "img/s" in log and "saved checkpoint" in log
 
 
-def test_lr_follows_cosine_schedule_per_step(tmp_path):
+def test_lr_follows_cosine_schedule_per_step(counted_run):
     import math
 
-    run_engine(tmp_path, ["config.LOG_FREQUENCY=1"])
     total = ITERS_PER_EPOCH * EPOCHS
-    for r in (r for r in metrics(tmp_path) if r.get("phase") == "train"):
+    for r in (r for r in metrics(counted_run[0]) if r.get("phase") == "train"):
         where = (r["iteration"] - 1) / total  # the lr used by the step that just ran
         expected = 0.001 + (0.1 - 0.001) * (1 + math.cos(math.pi * where)) / 2
         assert r["lr"] == pytest.approx(expected, rel=1e-9)
@@ -97,22 +121,6 @@ def test_hooks_see_every_event_in_order(tmp_path):
                 + [("on_phase_start", "test")] + test_step + [("on_phase_end", "test")]
                 + [("on_end", "test")])
     assert recorder.events == expected
-
-
-CALLS = []
-
-
-@register_train_step("test_counting_step")
-def counting_step(task):
-    standard_train_step(task)
-    CALLS.append(task.iteration)
-    return task
-
-
-def test_train_step_chosen_by_name(tmp_path):
-    CALLS.clear()
-    run_engine(tmp_path, ["config.TRAINER.TRAIN_STEP_NAME=test_counting_step"])
-    assert CALLS == list(range(1, ITERS_PER_EPOCH * EPOCHS + 1))
 
 
 # the first case also keeps an EMA of the weights (HOOKS.EMA_MODEL): copies at updates 0 and 2
@@ -171,12 +179,9 @@ EVERY_3 = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3"]
 
 
 @pytest.fixture(scope="module")
-def straight_every_3(tmp_path_factory):
-    """The final weights of an uninterrupted command-line run with EVERY_3."""
-    folder = tmp_path_factory.mktemp("straight")
-    proc = _cli(EVERY_3, folder)
-    assert proc.returncode == 0, proc.stderr
-    return final_weights(folder)
+def straight_every_3(quick_straight_run):
+    """The final weights of an uninterrupted command-line run with EVERY_3 (conftest.py)."""
+    return final_weights(quick_straight_run)
 
 
 def plugin_env(module, **variables):
@@ -336,14 +341,33 @@ def test_dead_data_loader_worker_ends_the_run_with_one_message(tmp_path, nproc):
     assert not (tmp_path / ".run.lock").exists()
 
 
-def test_existing_checkpoints_without_resume_are_refused(tmp_path):
-    run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1"])
+# one epoch, checkpoints at iterations 2 and 4 and at the epoch's end
+ONE_EPOCH_EVERY_2 = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
+                     "config.OPTIMIZER.num_epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def one_epoch_run(tmp_path_factory):
+    """A finished run of ONE_EPOCH_EVERY_2; the tests below work in copies of its folder."""
+    folder = tmp_path_factory.mktemp("one_epoch") / "run"
+    run_engine(folder, ONE_EPOCH_EVERY_2)
+    return folder
+
+
+def copy_of(folder: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(folder, tmp_path / "run", symlinks=True))
+
+
+def test_existing_checkpoints_without_resume_are_refused(tmp_path, one_epoch_run):
+    tmp_path = copy_of(one_epoch_run, tmp_path)
     proc = _cli(["config.CHECKPOINT.AUTO_RESUME=false"], tmp_path)
     assert proc.returncode == 2
     assert "already holds checkpoints" in proc.stderr
     # a finished run resumed again does no more work and keeps its weights
     before = final_weights(tmp_path)
-    run_engine(tmp_path, ["config.OPTIMIZER.num_epochs=1"])
+    run_engine(tmp_path, ONE_EPOCH_EVERY_2)
     after = final_weights(tmp_path)
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -461,9 +485,8 @@ def test_data_folder_without_images_is_refused_before_launch(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_corrupt_latest_checkpoint_refused_then_previous_resumes(tmp_path):
-    run_engine(tmp_path, ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
-                          "config.OPTIMIZER.num_epochs=1"])
+def test_corrupt_latest_checkpoint_refused_then_previous_resumes(tmp_path, one_epoch_run):
+    tmp_path = copy_of(one_epoch_run, tmp_path)
     latest = tmp_path / "model_final_checkpoint_phase0.torch"
     latest.write_bytes(latest.read_bytes()[:1000])  # truncated after the fact (disk trouble)
     proc = _cli(["config.OPTIMIZER.num_epochs=1"], tmp_path)
