@@ -71,10 +71,10 @@ def _stop_line(signame: str, folder: Path, iteration: int) -> str:
             "run again with config.CHECKPOINT.AUTO_RESUME=true to continue from it")
 
 
-def test_sigterm_saves_the_step_and_the_resumed_run_ends_bit_exact(tmp_path):
+def test_sigterm_saves_the_step_and_the_resumed_run_ends_bit_exact(tmp_path, quick_straight_run):
     """Stopped after the last step of the first epoch (4 steps), before its end: the resumed
-    run ends that epoch, then trains the second."""
-    _run(tmp_path / "straight", [])
+    run ends that epoch, then trains the second, to the weights of the uninterrupted run
+    (conftest.py's, which also saves at iterations 3 and 6)."""
     folder = tmp_path / "stopped"
     proc, _ = _start_waiting(folder, [], wait_at=4, go_on_signal=True)
     proc.send_signal(signal.SIGTERM)  # the launcher only, as `kill -TERM <pid>` does
@@ -85,7 +85,7 @@ def test_sigterm_saves_the_step_and_the_resumed_run_ends_bit_exact(tmp_path):
     assert _leftovers(folder) == []  # no temporary file, the lock released
 
     _run(folder, ["config.CHECKPOINT.AUTO_RESUME=true"])
-    _assert_weights_equal(tmp_path / "straight", folder)
+    _assert_weights_equal(quick_straight_run, folder)
 
 
 def test_ctrl_c_to_two_processes_and_their_workers_stops_them_at_one_step(tmp_path):
