@@ -97,6 +97,12 @@ def loss_state(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
     return load_checkpoint(Path(checkpoint_dir) / "checkpoint.torch")["classy_state_dict"]["loss"]
 
 
+def copy_of(run_dir: Path, folder: Path) -> Path:
+    """``folder``: a copy of the finished run (or extraction) ``run_dir``, links kept, for a
+    test that works on a run another test shares."""
+    return Path(shutil.copytree(run_dir, folder, symlinks=True))
+
+
 def stopped_after(run_dir: Path, folder: Path, checkpoint: str) -> Path:
     """``folder``: a copy of the finished run ``run_dir`` as if it had stopped right after
     saving ``checkpoint`` (e.g. ``model_iteration1.torch``): the later checkpoints (files or

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_utils import run_engine
+from engine_utils import copy_of, run_engine
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
 from ssl_engine.extraction import write_splits as fx
@@ -283,15 +283,9 @@ def first_extraction(tmp_path_factory):
     return folder
 
 
-def copy_of(folder, tmp_path):
-    import shutil
-
-    return shutil.copytree(folder, tmp_path / "out", symlinks=True)
-
-
 def test_full_disk_during_extraction_keeps_earlier_files_and_says_what_is_complete(
         tmp_path, first_extraction):
-    out = copy_of(first_extraction, tmp_path)
+    out = copy_of(first_extraction, tmp_path / "out")
     before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
 
     # 4 files per batch (inds, targets, 2 layers); train has 5 batches: the 22nd write is the
@@ -349,7 +343,7 @@ def nan_weights(path):
 
 def test_nan_weights_stop_extraction_with_one_line_and_earlier_files_stay(tmp_path,
                                                                          first_extraction):
-    out = copy_of(first_extraction, tmp_path)
+    out = copy_of(first_extraction, tmp_path / "out")
     before = {path.name: path.read_bytes() for path in out.iterdir() if path.suffix == ".npy"}
     weights = tmp_path / "nan.torch"
     nan_weights(weights)
@@ -373,7 +367,7 @@ def split_npy(folder, split):
 
 def test_a_new_extraction_removes_the_layers_it_does_not_write_and_lists_its_files(
         tmp_path, first_extraction):
-    out = copy_of(first_extraction, tmp_path)
+    out = copy_of(first_extraction, tmp_path / "out")
     test_files = {name: (out / name).read_bytes() for name in split_npy(out, "test")}
     assert len(test_files) == 6
     others = {"notes.txt": b"mine", "train_res4_features.npy.bak": b"a copy",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_utils import (QUICK, crash_hooks_at, final_weights, metrics, run_engine, small_tmpfs,
-                          step_losses)
+from engine_utils import (QUICK, copy_of, crash_hooks_at, final_weights, metrics, run_engine,
+                          small_tmpfs, step_losses)
 from ssl_engine.checkpoint import load_checkpoint
 from ssl_engine.hooks import SSLHook
 from ssl_engine.trainer import register_train_step
@@ -354,14 +354,8 @@ def one_epoch_run(tmp_path_factory):
     return folder
 
 
-def copy_of(folder: Path, tmp_path: Path) -> Path:
-    import shutil
-
-    return Path(shutil.copytree(folder, tmp_path / "run", symlinks=True))
-
-
 def test_existing_checkpoints_without_resume_are_refused(tmp_path, one_epoch_run):
-    tmp_path = copy_of(one_epoch_run, tmp_path)
+    tmp_path = copy_of(one_epoch_run, tmp_path / "run")
     proc = _cli(["config.CHECKPOINT.AUTO_RESUME=false"], tmp_path)
     assert proc.returncode == 2
     assert "already holds checkpoints" in proc.stderr
@@ -486,7 +480,7 @@ def test_data_folder_without_images_is_refused_before_launch(tmp_path):
 
 
 def test_corrupt_latest_checkpoint_refused_then_previous_resumes(tmp_path, one_epoch_run):
-    tmp_path = copy_of(one_epoch_run, tmp_path)
+    tmp_path = copy_of(one_epoch_run, tmp_path / "run")
     latest = tmp_path / "model_final_checkpoint_phase0.torch"
     latest.write_bytes(latest.read_bytes()[:1000])  # truncated after the fact (disk trouble)
     proc = _cli(["config.OPTIMIZER.num_epochs=1"], tmp_path)
