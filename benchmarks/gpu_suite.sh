@@ -5,7 +5,8 @@
 # what each column is), within BUDGET seconds (420 by default: under 8 minutes with the set-up).
 #
 #   bash benchmarks/gpu_suite.sh prepare   # here, with the project's environment: the
-#                                          # pure-Python packages into .gpu_site/ (carry it)
+#                                          # pure-Python packages into .gpu_site/, kornia's
+#                                          # wheels into .whl/ (carry both)
 #   bash benchmarks/gpu_suite.sh           # on the GPU machine, in the repository root
 #   SMOKE=1 bash benchmarks/gpu_suite.sh   # on a CPU at tiny sizes (tests/test_gpu_suite.py)
 #
@@ -15,8 +16,18 @@
 # data-loading processes per side; ITERS (12) iterations per row, the first 4 not timed.
 set -u
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "prepare" ]; then  # the same packages as the ViT benchmark's
-    exec bash benchmarks/gpu_vit_speed.sh prepare
+if [ "${1:-}" = "prepare" ]; then  # the same packages as the ViT benchmark's, and kornia
+    bash benchmarks/gpu_vit_speed.sh prepare || exit
+    # kornia (the device-augmentation rows) has a compiled part, kornia_rs: its wheels for the
+    # GPU machine's Python (GPU_PYTHON, 3.12 by default) go to .whl/ (carry it too)
+    PY=${PYTHON:-python3}
+    rm -rf .whl && mkdir -p .whl
+    exec "$PY" -m pip download -q --no-deps --only-binary=:all: \
+        --python-version "${GPU_PYTHON:-3.12}" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d .whl \
+        "kornia==$("$PY" -c 'import kornia; print(kornia.__version__)')" \
+        "kornia-rs==$("$PY" -c 'import importlib.metadata as m; print(m.version("kornia_rs"))')"
 fi
 
 OUT=${OUT:-/tmp/gpu_suite}
@@ -35,6 +46,9 @@ if [ -n "${SMOKE:-}" ]; then
         --workers 0 --budget "$BUDGET" --out "$OUT/gpu_suite.txt"
 fi
 
+if ls .whl/*.whl > /dev/null 2>&1 && [ -d .gpu_site ]; then  # kornia's, from `prepare`
+    $PY -m pip install -q --no-index --no-deps --no-compile --target .gpu_site .whl/*.whl
+fi
 {
     nvidia-smi -L
     $PY -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__, \

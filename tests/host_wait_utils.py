@@ -2,6 +2,7 @@
 (ssl_engine/utils/host_waits.py) around each training step, its hooks included and the data
 loading left out: tests/test_host_waits.py's tool."""
 import contextlib
+import traceback
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -55,7 +56,8 @@ class CountHostWaits(SSLHook):
     is the first, so that a dispatch mode another hook enters for a step (the FLOP counter)
     nests inside the counter's. ``per_iteration``: {iteration: total}; ``where``: {iteration:
     the waits' places}; ``logged``: {iteration: whether it wrote the log line};
-    ``cuda_syncs``: {iteration: synchronisations the CUDA runtime reported} on a GPU."""
+    ``cuda_syncs``: {iteration: the places of the synchronisations the CUDA runtime reported}
+    on a GPU."""
 
     def __init__(self):
         super().__init__()
@@ -64,7 +66,7 @@ class CountHostWaits(SSLHook):
         self.per_iteration: Dict[int, int] = {}
         self.where: Dict[int, List[str]] = {}
         self.logged: Dict[int, bool] = {}
-        self.cuda_syncs: Dict[int, int] = {}
+        self.cuda_syncs: Dict[int, List[str]] = {}
         self._task = None
         self._watch = None
         self._cuda: List = []
@@ -77,11 +79,18 @@ class CountHostWaits(SSLHook):
         self._watch = contextlib.ExitStack()
         self._watch.enter_context(watch_python_readbacks(self.counter))
         if task.device.type == "cuda":  # what the CUDA runtime itself sees, step by step
-            self._cuda = self._watch.enter_context(warnings.catch_warnings(record=True))
+            self._watch.enter_context(warnings.catch_warnings())
             warnings.simplefilter("always")
+            warnings.showwarning = self._cuda_warning  # its Python stack, while it is there
             previous = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("warn")
             self._watch.callback(torch.cuda.set_sync_debug_mode, previous)
+
+    def _cuda_warning(self, message, *args, **kwargs) -> None:
+        if "synchroniz" in str(message):
+            stack = traceback.extract_stack()[-7:-1]
+            self._cuda.append(" <- ".join(f"{Path(frame.filename).name}:{frame.lineno}"
+                                          for frame in reversed(stack)))
 
     def _host_resident(self, tensor: torch.Tensor) -> bool:
         """A tensor of the loader's batch (before it moves to the device), or the step count of
@@ -99,8 +108,7 @@ class CountHostWaits(SSLHook):
         if not task.train:
             return
         # the CUDA runtime's own reports of this step, on a GPU (the same waits seen again)
-        self.cuda_syncs[task.iteration] = sum("synchroniz" in str(item.message)
-                                              for item in self._cuda)
+        self.cuda_syncs[task.iteration] = list(self._cuda)
         self._cuda.clear()
         self.per_iteration[task.iteration] = self.counter.total
         self.where[task.iteration] = list(self.counter.where)
@@ -154,6 +162,9 @@ TINY = [
     "config.LOG_FREQUENCY=100",
     # on a machine with a GPU the steps run there, and the CUDA runtime's reports count too
     f"config.MACHINE.DEVICE={'gpu' if torch.cuda.is_available() else 'cpu'}",
+    # there, in bfloat16: float16's GradScaler reads its overflow flag back at every step
+    # (docs/performance.md, "No waits in a step"), which would hide any other wait
+    *(["+config.MODEL.AMP_PARAMS.AMP_ARGS.dtype=bfloat16"] if torch.cuda.is_available() else []),
     "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
     "config.HOOKS.RUN_REPORT.ENABLED=false",
 ]

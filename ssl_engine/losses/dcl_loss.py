@@ -19,8 +19,8 @@ def decoupled_direction(anchor: torch.Tensor, positive: torch.Tensor,
     rank order, this rank's at ``rank * B``."""
     batch = anchor.shape[0]
     own = get_rank() * batch + torch.arange(batch, device=anchor.device)
-    mask = torch.zeros(batch, anchors_all.shape[0], dtype=torch.bool, device=anchor.device)
-    mask[torch.arange(batch, device=anchor.device), own] = True
+    # a comparison, not an indexed write of True (that copies the value from the host)
+    mask = own[:, None] == torch.arange(anchors_all.shape[0], device=anchor.device)[None, :]
     same_view = (anchor @ anchors_all.t() / temperature).masked_fill(mask, float("-inf"))
     other_view = (anchor @ positives_all.t() / temperature).masked_fill(mask, float("-inf"))
     positive_term = -(anchor * positive).sum(dim=1) / temperature

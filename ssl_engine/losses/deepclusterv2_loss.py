@@ -110,7 +110,7 @@ class DeepClusterV2Loss(SSLLoss):
                                        .transpose(0, 1).contiguous(), index[:batch])
         for bank, crop in enumerate(self.crops_for_mb):
             self.memory[bank, index] = embedding[:, crop].to(self.memory.dtype)
-        self.in_memory[index] = True
+        self.in_memory.index_fill_(0, index, True)  # no value copied from the host
 
     @torch.no_grad()
     def init_memory(self, task) -> None:

@@ -6,6 +6,7 @@ import torch
 from ssl_engine.losses.base import SSLLoss
 from ssl_engine.losses.outputs import as_output_list, embedding_output, total_of
 from ssl_engine.utils.classy import register_loss
+from ssl_engine.utils.device import from_host
 from ssl_engine.utils.distributed import all_reduce_sum_with_grad, get_world_size
 from ssl_engine.utils.errors import ConfigError
 
@@ -22,8 +23,8 @@ def sigreg(projections: torch.Tensor, directions: torch.Tensor, t_max: float,
     t = torch.linspace(0, t_max, knots, dtype=projections.dtype, device=projections.device)
     gaussian = torch.exp(-t.square() / 2)
     step = t_max / (knots - 1)
-    weights = torch.full_like(t, 2 * step)
-    weights[0] = weights[-1] = step
+    knot = torch.arange(knots, device=projections.device)  # trapezoid: half weight at the ends
+    weights = torch.where((knot == 0) | (knot == knots - 1), step, 2 * step).to(t.dtype)
     samples = projections.shape[1] * get_world_size()
     angles = (projections @ directions).unsqueeze(-1) * t  # V, N, M, knots
     cos_mean = all_reduce_sum_with_grad(angles.cos().sum(dim=1)) / samples
@@ -93,7 +94,8 @@ class LeJEPALoss(SSLLoss):
         views = embedding.float().view(self.num_crops, rows // self.num_crops, -1)
         centre = views[:self.num_global_crops].mean(dim=0)
         directions = random_directions(self.embedding_dim, self.num_slices,
-                                       self.step_context.iteration).to(views.device)
+                                       self.step_context.iteration)
+        directions = from_host(directions, views.device)
         return total_of(self, {
             "sigreg": self.lambda_ * sigreg(views, directions, self.t_max, self.knots),
             "prediction": (1 - self.lambda_) * (views - centre).square().mean()})

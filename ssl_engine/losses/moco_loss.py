@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from ssl_engine.losses.momentum_target import MomentumTargetLoss
 from ssl_engine.losses.outputs import embedding_output
 from ssl_engine.utils.classy import register_loss
+from ssl_engine.utils.device import from_host
 from ssl_engine.utils.distributed import gather_from_all, get_rank, get_world_size
 
 
@@ -49,7 +50,8 @@ class MoCoLoss(MomentumTargetLoss):
         everything = gather_from_all(inputs)
         # the same permutation on every rank, and again after a resume
         generator = torch.Generator().manual_seed(task.config.SEED_VALUE * 1_000_003 + task.iteration)
-        order = torch.randperm(everything.shape[0], generator=generator).to(everything.device)
+        order = from_host(torch.randperm(everything.shape[0], generator=generator),
+                          everything.device)
         rank = get_rank()
         keys = super().run_target(everything[order].chunk(world_size)[rank], task)
         shuffled_keys = gather_from_all(keys)

@@ -52,8 +52,9 @@ class SimclrInfoNCELoss(SSLLoss):
             rows_per_rank = self.num_views * local_batch
             local_rows = torch.arange(rows_per_rank, device=device)
             own_columns = rank * rows_per_rank + local_rows
-            self_mask = torch.zeros(rows_per_rank, world_size * rows_per_rank, dtype=torch.bool, device=device)
-            self_mask[local_rows, own_columns] = True
+            # a comparison, not an indexed write of True (that copies the value from the host)
+            columns = torch.arange(world_size * rows_per_rank, device=device)
+            self_mask = own_columns[:, None] == columns[None, :]
             view, sample = local_rows // local_batch, local_rows % local_batch
             offsets = torch.arange(1, self.num_views, device=device)
             other_views = (view[:, None] + offsets[None, :]) % self.num_views

@@ -1,6 +1,5 @@
 """The SSL model: a trunk run on every input crop, then heads (chained, or one per evaluated
 stage in feature evaluation)."""
-import contextlib
 import copy
 import logging
 from typing import Dict, List, Optional, Sequence, Union
@@ -10,6 +9,7 @@ from torch import nn
 
 from ssl_engine.models.feature_eval import (POOL_OPS_MAP, SETTINGS, FeatureEvalSettings,
                                             apply_pools, check_stages_named_once)
+from ssl_engine.models.head_precision import float32_heads
 from ssl_engine.models.heads.mlp import MLP
 from ssl_engine.models.multi_input import (
     build_head_chains,
@@ -92,20 +92,6 @@ def concat_crops(stage: str, features: List[torch.Tensor]) -> torch.Tensor:
             f"{sorted(shapes)}; request a pooled stage or feed crops of one resolution"
         )
     return torch.cat(features, dim=0)
-
-
-@contextlib.contextmanager
-def float32_heads(features: torch.Tensor):
-    """Under autocast (MODEL.AMP_PARAMS), the heads run in float32 with autocast off: mixed
-    precision is for the trunk, where the compute is; the heads are a small part of it and
-    make the embeddings that losses compare at fine resolution.  Yields the cast to apply to
-    the heads' input."""
-    device_type = features.device.type
-    if not torch.is_autocast_enabled(device_type):
-        yield lambda tensor: tensor
-        return
-    with torch.autocast(device_type, enabled=False):
-        yield lambda tensor: tensor.float()
 
 
 def check_output_heads(indices, num_heads: int) -> List[int]:
@@ -255,15 +241,15 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 x, self.eval_settings.stages, list(self.feat_pools))]
             if not self.heads:
                 return features
-            with float32_heads(features[0]) as to_float:
-                return flatten_outputs(head(to_float(feature))
+            with float32_heads(features[0]) as run:
+                return flatten_outputs(run(head, run.input(feature))
                                        for head, feature in zip(self.heads, features))
         (output,) = self.extract_features(x).values()
         if not self.heads:
             return [torch.flatten(output, 1)]
         head_outputs = []
-        with float32_heads(output) as to_float:
-            output = to_float(output)
+        with float32_heads(output) as run:
+            output = run.input(output)
             for index, head in enumerate(self.heads):
                 if isinstance(output, (list, tuple)):
                     # a head of one output in a list (swav_head with num_clusters: [] gives
@@ -273,7 +259,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                                          "outputs: such a head (e.g. swav_head) must be the "
                                          "last one")
                     output = output[0]
-                output = head(output)
+                output = run(head, output)
                 head_outputs.append(output)
         return flatten_outputs(head_outputs[index] for index in self.output_heads)
 
@@ -286,11 +272,12 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         if not self.heads:
             return outputs
         head_outputs = []
-        with float32_heads(outputs[0]) as to_float:
-            output = [to_float(o) for o in outputs] if len(outputs) > 1 else to_float(outputs[0])
+        with float32_heads(outputs[0]) as run:
+            output = ([run.input(o) for o in outputs] if len(outputs) > 1
+                      else run.input(outputs[0]))
             for head in self.heads:
                 keywords = {k: extras[k] for k in head_keywords(head) if k in extras}
-                output = head(output, **keywords)
+                output = run(head, output, **keywords)
                 head_outputs.append(output)
         return flatten_outputs(head_outputs[index] for index in self.output_heads)
 

@@ -17,6 +17,15 @@ def to_device(obj, device: torch.device, non_blocking: bool = False, channels_la
     return obj
 
 
+def from_host(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor``, made on the host during a step (a seeded permutation, random directions),
+    on ``device`` without making the host wait: to a GPU through pinned memory with an
+    asynchronous copy (a plain ``.to(device)`` waits for every queued kernel first)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def float32_outputs(obj):
     """``obj`` (a tensor, or lists / tuples / dicts of them) with its floating tensors in
     float32: what a loss receives from a forward pass run under autocast."""

@@ -31,6 +31,8 @@ class AIMPredictionHead(nn.Module):
     next patch's pixels), all without biases. Output: [N, L, output_dim]; row ``k`` predicts
     patch ``k + 1`` (aim_loss)."""
 
+    MIXED_PRECISION = True  # under the trunk's autocast (models/head_precision.py)
+
     def __init__(self, in_dim: int, output_dim: int, hidden_dim: int = 2048,
                  num_blocks: int = 12, mlp_ratio: float = 4.0):
         super().__init__()

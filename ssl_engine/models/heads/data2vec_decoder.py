@@ -46,6 +46,8 @@ class Data2VecDecoder(nn.Module):
     ``additional_keys``); every image masks as many patches.  Output: [N, h * w, out_dim]
     predictions for every patch in grid order (the loss reads the masked ones)."""
 
+    MIXED_PRECISION = True  # under the trunk's autocast (models/head_precision.py)
+
     def __init__(self, in_dim: int, out_dim: Optional[int] = None, decoder_dim: int = 768,
                  depth: int = 6, kernel_size: int = 3, groups: int = 16,
                  mask_noise_std: float = 0.01, prefix_tokens: int = 1):

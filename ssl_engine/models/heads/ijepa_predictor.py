@@ -32,6 +32,8 @@ class IJEPAPredictor(nn.Module):
     normal (std 0.02), the mask token too, each block's output projections divided by
     sqrt(2 * layer number)."""
 
+    MIXED_PRECISION = True  # under the trunk's autocast (models/head_precision.py)
+
     def __init__(self, in_dim: int, num_patches: int, predictor_dim: int = 384,
                  depth: int = 12, num_heads: int = 12, mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, drop_path_rate: float = 0.0):

@@ -8,6 +8,7 @@ from torch import nn
 from ssl_engine.models.registry import register_model_head
 from ssl_engine.models.trunks.token_gather import assert_on_device, visible_positions
 from ssl_engine.models.trunks.transformer_parts import use_shared_attention
+from ssl_engine.utils.device import from_host
 
 
 def sincos_position_embedding(height: int, width: int, dim: int) -> torch.Tensor:
@@ -37,6 +38,8 @@ class MAEDecoder(nn.Module):
     in_chans`` pixel values of each patch.  Output: [N, h * w, patch_size^2 * in_chans], in
     grid order (the class token's prediction dropped)."""
 
+    MIXED_PRECISION = True  # under the trunk's autocast (models/head_precision.py)
+
     def __init__(self, in_dim: int, patch_size: int = 16, in_chans: int = 3,
                  decoder_dim: int = 512, depth: int = 8, num_heads: int = 16,
                  mlp_ratio: float = 4.0):
@@ -51,6 +54,7 @@ class MAEDecoder(nn.Module):
         self.norm = nn.LayerNorm(int(decoder_dim))
         self.predict = nn.Linear(int(decoder_dim), int(patch_size) ** 2 * int(in_chans))
         self.decoder_dim = int(decoder_dim)
+        self._positions = {}  # (height, width, device) -> the embeddings there, made once
         nn.init.normal_(self.mask_token, std=0.02)
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -59,6 +63,15 @@ class MAEDecoder(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+
+    def position_embedding(self, height: int, width: int, device: torch.device) -> torch.Tensor:
+        """The grid's embeddings on ``device``, copied there once, asynchronously (a plain
+        copy from the host makes the host wait for the device's queue)."""
+        key = (height, width, device)
+        if key not in self._positions:
+            self._positions[key] = from_host(
+                sincos_position_embedding(height, width, self.decoder_dim), device)
+        return self._positions[key]
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if mask is None:
@@ -75,7 +88,7 @@ class MAEDecoder(nn.Module):
         patches = self.mask_token.to(tokens.dtype).expand(rows, height * width, -1)
         patches = patches.scatter(1, index.unsqueeze(-1).expand(-1, -1, self.decoder_dim),
                                   tokens[:, 1:])
-        position = sincos_position_embedding(height, width, self.decoder_dim).to(tokens)
+        position = self.position_embedding(height, width, tokens.device).to(tokens.dtype)
         sequence = torch.cat([tokens[:, :1], patches + position], dim=1)
         for block in self.blocks:
             sequence = block(sequence)

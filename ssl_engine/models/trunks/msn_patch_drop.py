@@ -23,6 +23,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from ssl_engine.utils.device import from_host
+
 PARAMS_KEYS = ("drop_ratio", "seed", "global_view_tokens")
 WHERE = "config.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.PARAMS"
 
@@ -66,7 +68,7 @@ class PatchDrop(nn.Module):
         if self.global_view_tokens and tokens.shape[1] - prefix != self.global_view_tokens:
             return tokens  # a local view
         kept = self.kept_positions(tokens.shape[1] - prefix, call) + prefix
-        index = torch.cat([torch.arange(prefix), kept]).to(tokens.device, non_blocking=True)
+        index = from_host(torch.cat([torch.arange(prefix), kept]), tokens.device)
         return tokens.index_select(1, index)
 
     def extra_repr(self) -> str:
