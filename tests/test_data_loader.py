@@ -321,3 +321,20 @@ def test_a_broken_batch_transfer_is_reported_as_the_worker_death_it_is():
     died = worker_death_error(broken_transfer(), cfg, "TRAIN", alive)
     assert "a worker's connection broke while it handed a batch over" in str(died)
     assert worker_death_error(ConnectionResetError("elsewhere"), cfg, "TRAIN", alive) is None
+
+
+def test_seeded_rngs_in_a_worker_draw_the_same_and_put_back_torch_only():
+    """keep_all=False (a loader worker) draws what keep_all=True draws; it puts back torch's
+    global state only, leaving numpy's and python's as the sample's seed left them."""
+    from ssl_engine.data.seeding import seeded_rngs
+
+    draws = {}
+    for keep_all in (True, False):
+        torch.manual_seed(1), np.random.seed(1), random.seed(1)
+        torch_before, numpy_before = torch.get_rng_state(), np.random.get_state()[1].copy()
+        with seeded_rngs(5, keep_all=keep_all):
+            draws[keep_all] = (torch.rand(3), np.random.rand(), random.random())
+        assert torch.equal(torch.get_rng_state(), torch_before)
+        assert np.array_equal(np.random.get_state()[1], numpy_before) == keep_all
+    assert torch.equal(draws[True][0], draws[False][0])
+    assert draws[True][1:] == draws[False][1:]

@@ -134,7 +134,9 @@ class GenericSSLDataset(Dataset):
                 position, valid = (position + 1) % self.length, False
         else:
             raise ImageLoadError(f"no readable image in config.DATA.{self.split}")
-        with seeded_rngs(sample_seed(self.seed_value, epoch, position)):
+        # in a loader worker only torch's global state is put back after (data/seeding.py)
+        in_worker = torch.utils.data.get_worker_info() is not None
+        with seeded_rngs(sample_seed(self.seed_value, epoch, position), keep_all=not in_worker):
             views, view_labels = self.transform.apply(image)
             masks = getattr(views, "masks", None)  # MaskedViews (transforms/masking.py)
             if self.device_augmentation is not None:  # its draws: in the sample's generators

@@ -1,4 +1,5 @@
 """torchvision's GaussianBlur, faster on PIL images with small kernels."""
+import functools
 import math
 from typing import List
 
@@ -18,12 +19,21 @@ def gaussian_kernel2d(size: int, sigma: float) -> List[float]:
     return [a * b for a in weights for b in weights]
 
 
+@functools.lru_cache(maxsize=64)
+def reflected_index(length: int, pad: int) -> np.ndarray:
+    """Indices of ``length`` positions padded by ``pad`` on each side, mirrored without
+    repeating the edge (numpy's and torch's "reflect")."""
+    inner = np.arange(length)
+    return np.concatenate([inner[pad:0:-1], inner, inner[-2:-2 - pad:-1]])
+
+
 @register_transform("GaussianBlur")
 class GaussianBlur(T.GaussianBlur):
     """``torchvision.transforms.GaussianBlur`` (same arguments, same draw of sigma from torch's
     generator, same kernel, same reflected borders) that blurs a PIL image with a square kernel
     of 3 or 5 pixels by PIL's own kernel filter instead of converting it to a tensor and back:
-    the output is the same 8-bit image (tested), at a fraction of the cost on small images
+    the output is the same 8-bit image up to one level on rare pixels (3 of 400,000 pixels of
+    random images; tested equal on natural ones), at a fraction of the cost on small images
     (benchmarks/transforms_speed.py).  Other inputs and kernels go to torchvision."""
 
     random_augmentation = True  # dropped from extraction pipelines (extraction/one_view.py)
@@ -37,8 +47,9 @@ class GaussianBlur(T.GaussianBlur):
         kernel = gaussian_kernel2d(width, sigma)
         pad = width // 2
         pixels = np.asarray(img)
-        padding = ((pad, pad), (pad, pad)) + (((0, 0),) if pixels.ndim == 3 else ())
-        padded = Image.fromarray(np.pad(pixels, padding, mode="reflect"))
+        rows = reflected_index(pixels.shape[0], pad)
+        cols = reflected_index(pixels.shape[1], pad)
+        padded = Image.fromarray(pixels[rows[:, None], cols[None, :]])  # np.pad: 5x slower
         blurred = padded.filter(ImageFilter.Kernel((width, width), kernel,
                                                    scale=1.0))
         return blurred.crop((pad, pad, pad + img.size[0], pad + img.size[1]))
