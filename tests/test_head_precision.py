@@ -4,13 +4,15 @@ autocast, so their blocks compute in the autocast dtype."""
 import torch
 from torch import nn
 
+from ssl_engine.models import head_precision
 from ssl_engine.models.head_precision import float32_heads
 from ssl_engine.models.heads.mae_decoder import MAEDecoder
 from ssl_engine.models.heads.mlp import MLP
 
 
 def block_dtypes(decoder: MAEDecoder, features, mask, autocast: bool):
-    """The dtype of the first decoder block's MLP output and of the decoder's output."""
+    """The dtype of the first decoder block's MLP output and of the decoder's output, with the
+    CPU counted as a device where such heads run under autocast (on a real CPU they do not)."""
     seen = []
     handle = decoder.blocks[0].mlp.fc1.register_forward_hook(
         lambda module, args, out: seen.append(out.dtype))
@@ -21,7 +23,8 @@ def block_dtypes(decoder: MAEDecoder, features, mask, autocast: bool):
     return seen[0], output.dtype
 
 
-def test_transformer_heads_run_under_the_trunks_autocast():
+def test_transformer_heads_run_under_the_trunks_autocast(monkeypatch):
+    monkeypatch.setattr(head_precision, "AUTOCAST_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(0)
     decoder = MAEDecoder(in_dim=16, patch_size=2, in_chans=1, decoder_dim=8, depth=1,
                          num_heads=2)
@@ -33,6 +36,18 @@ def test_transformer_heads_run_under_the_trunks_autocast():
     # without autocast nothing is cast
     assert block_dtypes(decoder, features.float(), mask, autocast=False) == (torch.float32,
                                                                              torch.float32)
+
+
+def test_transformer_heads_stay_in_float32_on_a_cpu():
+    """On a CPU the transformer heads run in float32 like the others (faster there)."""
+    torch.manual_seed(0)
+    decoder = MAEDecoder(in_dim=16, patch_size=2, in_chans=1, decoder_dim=8, depth=1,
+                         num_heads=2)
+    mask = torch.zeros(2, 2, 2, dtype=torch.bool)
+    mask[:, 0, :] = True
+    features = torch.randn(2, 3, 16).to(torch.bfloat16)
+    assert block_dtypes(decoder, features, mask, autocast=True) == (torch.float32,
+                                                                    torch.float32)
 
 
 def test_projection_heads_stay_in_float32_under_autocast():

@@ -5,19 +5,25 @@ of a step and makes the embeddings that the losses compare at fine resolution, s
 run in float32, autocast off, on float32 copies of the trunk's output. A head that is itself
 a transformer (MAE's decoder, I-JEPA's predictor, data2vec 2.0's decoder, CAPI's and AIM's
 heads) can hold as much compute as the trunk: it sets the class attribute
-``MIXED_PRECISION = True`` and runs under the trunk's autocast instead (its final
+``MIXED_PRECISION = True`` and runs under the trunk's autocast instead on a GPU (its final
 normalisations and linear layers cast as autocast casts them; the loss still receives float32
-copies of every output, utils/device.py ``float32_outputs``).
+copies of every output, utils/device.py ``float32_outputs``). Measured: MAE ViT-B/16's
+bfloat16 step on an H200 went from 1.84x the bare loop's to 0.78x. On a CPU these heads stay in
+float32: there the I-JEPA quickstart's step under bfloat16 heads took 658 ms instead of 475
+(the backward pass 336 ms instead of 176), at the same accuracy.
 """
 import contextlib
 from typing import Optional, Tuple
 
 import torch
 
+AUTOCAST_DEVICES = ("cuda",)  # where MIXED_PRECISION heads run under autocast
+
 
 class HeadPrecision:
     """Given by ``float32_heads``: ``input`` casts a head's input, calling it runs a head
-    (under the trunk's autocast when the head declares ``MIXED_PRECISION``)."""
+    (under the trunk's autocast when the head declares ``MIXED_PRECISION`` and the device is
+    one of ``AUTOCAST_DEVICES``)."""
 
     def __init__(self, autocast: Optional[Tuple[str, torch.dtype]]):
         self.autocast = autocast  # (device type, dtype) of the trunk's autocast, or None
@@ -26,7 +32,8 @@ class HeadPrecision:
         return tensor if self.autocast is None else tensor.float()
 
     def __call__(self, head, *args, **kwargs):
-        if self.autocast is None or not getattr(head, "MIXED_PRECISION", False):
+        if self.autocast is None or not getattr(head, "MIXED_PRECISION", False) \
+                or self.autocast[0] not in AUTOCAST_DEVICES:
             return head(*args, **kwargs)
         device_type, dtype = self.autocast
         with torch.autocast(device_type, dtype=dtype):
