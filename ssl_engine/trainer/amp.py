@@ -1,11 +1,11 @@
 """Mixed precision (MODEL.AMP_PARAMS) on ``torch.amp``.
 
 The trunk's forward pass (the model's and a momentum target's) runs under autocast in bfloat16
-or float16; the heads run in float32 (models/head_precision.py), except, on a GPU, transformer
-heads that declare ``MIXED_PRECISION`` (MAE's decoder and the like), which run under it too; the loss
-always runs in float32 on float32 copies of the model's outputs (``float32_outputs`` in
-utils/device.py), so softmaxes over large logits, normalisations and cross-correlations keep
-their precision.
+or float16; the heads run in float32 (models/head_precision.py), except, on a GPU,
+transformer heads that declare ``MIXED_PRECISION`` (MAE's decoder and the like), which run under
+it too; the loss always runs in float32 on float32 copies of the model's outputs
+(``float32_outputs`` in utils/device.py), so softmaxes over large logits, normalisations and
+cross-correlations keep their precision.
 Parameters, gradients, optimizer state and EMA updates stay float32. float16 needs a
 GradScaler (CUDA only); its state is part of the checkpoint.
 """
