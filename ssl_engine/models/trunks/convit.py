@@ -59,6 +59,7 @@ from ssl_engine.models.registry import register_model_trunk
 from ssl_engine.models.trunks.base import StagedTrunk, drop_path_rates
 from ssl_engine.models.trunks.transformer_parts import (Attention, OnGrid, attend,
                                                          init_linear_and_norms, run_blocks)
+from ssl_engine.utils.device import from_host
 from ssl_engine.utils.key_rules import NEVER_READ, ignore_published_key
 
 VIT = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
@@ -131,7 +132,7 @@ class GPSA(nn.Module):
     def positions(self, device) -> torch.Tensor:
         key = self.grid
         if key not in self._positions or self._positions[key].device != device:
-            self._positions[key] = relative_positions(key, self.locality_dim).to(device)
+            self._positions[key] = from_host(relative_positions(key, self.locality_dim), device)
         return self._positions[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
