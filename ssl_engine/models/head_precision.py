@@ -1,13 +1,13 @@
 """The precision of the heads under mixed precision (MODEL.AMP_PARAMS).
 
-Mixed precision is for where the compute is. A projection or prototype head is a small part
-of a step and makes the embeddings that the losses compare at fine resolution, so the heads
-run in float32, autocast off, on float32 copies of the trunk's output. A head that is itself
-a transformer (MAE's decoder, I-JEPA's predictor, data2vec 2.0's decoder, AIM's head; CAPI's
-head stays in float32 for its clustering) can hold as much compute as the trunk: it sets the
-class attribute ``MIXED_PRECISION = True`` and runs under the trunk's autocast instead on a
-GPU (its final normalisations and linear layers cast as autocast casts them; the loss still receives float32
-copies of every output, utils/device.py ``float32_outputs``). Measured: MAE ViT-B/16's
+Mixed precision is for where the compute is. A projection or prototype head is a small part of
+a step and makes the embeddings that the losses compare at fine resolution, so the heads run in
+float32, autocast off, on float32 copies of the trunk's output. A head that is itself a
+transformer (MAE's decoder, I-JEPA's predictor, data2vec 2.0's decoder, AIM's head; CAPI's head
+stays in float32 for its clustering) can hold as much compute as the trunk: it sets the class
+attribute ``MIXED_PRECISION = True`` and runs under the trunk's autocast instead on a GPU (its
+final normalisations and linear layers cast as autocast casts them; the loss still receives
+float32 copies of every output, utils/device.py ``float32_outputs``). Measured: MAE ViT-B/16's
 bfloat16 step on an H200 went from 1.84x the bare loop's to 0.78x. On a CPU these heads stay in
 float32: there the I-JEPA quickstart's step under bfloat16 heads took 658 ms instead of 475
 (the backward pass 336 ms instead of 176), at the same accuracy.
