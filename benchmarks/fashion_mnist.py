@@ -18,6 +18,8 @@ results.json and draws the engine's runs side by side (ssl_engine.report's compa
 
     python benchmarks/fashion_mnist.py --methods simclr byol --reference simclr byol
     python benchmarks/fashion_mnist.py --methods simclr --limit 6000 --epochs 1   # a smoke run
+    python benchmarks/fashion_mnist.py --methods simclr --epochs 3 \
+        --override config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=256           # a variant of the recipe
 
 Needs the data set's files (docs/config.md: apt-get install dataset-fashion-mnist).
 """
@@ -75,7 +77,8 @@ def reference_features(method: str, folder: Path, args):
     command = [sys.executable, str(REPO / "benchmarks" / "lightly_reference.py"), method,
                "--out", str(folder), "--data-root", args.data_root] + \
         (["--limit", str(args.limit)] if args.limit else []) + \
-        (["--epochs", str(args.epochs)] if args.epochs else [])
+        (["--epochs", str(args.epochs)] if args.epochs else []) + \
+        (["--override", *args.override] if args.override else [])
     run(command, folder.parent / f"{method}_reference.log")
     seconds = float((folder / "train_seconds.txt").read_text())
     return seconds, {split: (np.load(folder / f"{name}_features.npy"),
@@ -137,12 +140,14 @@ def main(argv=None) -> int:
                         help="epochs instead of the recipe's (both loops; smoke runs)")
     parser.add_argument("--data-root", default="/usr/share/datasets/fashion-mnist",
                         help="folder of the four IDX files (gzipped or not)")
+    parser.add_argument("--override", nargs="*", default=[],
+                        help="config.X=v changes to every recipe (both loops)")
     args = parser.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="fashion_mnist_"))
     out.mkdir(parents=True, exist_ok=True)
     common = [f"config.DATA.{split}.DATA_PATHS=[{args.data_root}]" for split in ("TRAIN", "TEST")]
     common += ([f"config.DATA.TRAIN.DATA_LIMIT={args.limit}"] if args.limit else []) + \
-        ([f"config.OPTIMIZER.num_epochs={args.epochs}"] if args.epochs else [])
+        ([f"config.OPTIMIZER.num_epochs={args.epochs}"] if args.epochs else []) + args.override
     rows = [("raw pixels", score(raw_pixel_features(args.data_root)))]
     print(table(rows), flush=True)
     for method in args.methods:

@@ -6,7 +6,8 @@ same as the engine's run is read from the engine's recipe (configs/config/benchm
 fashion_mnist/<method>.yaml), not written twice: the trunk (built by the engine's registry with
 the recipe's settings), the batch, the epochs, the optimizer and its lr schedule (linear warm-up,
 then cosine, per step), the head sizes, the temperature, the BYOL momentum, the bfloat16 autocast
-and channels_last, and the data-loading workers. Features are the trunk's res5avg (global average
+and channels_last, the data-loading workers, and the views' crop size and scale, jitter
+strengths and blur sigmas (set in lightly's transforms). Features are the trunk's res5avg (global average
 of the last stage), as the engine extracts them.
 
     python benchmarks/lightly_reference.py simclr --out /tmp/ref_simclr
@@ -64,13 +65,14 @@ class Res5Avg(torch.nn.Module):
         return self.trunk(x, out_feat_keys=["res5avg"])[0].flatten(1)
 
 
-def recipe(method: str):
-    """The engine's recipe for ``method``, composed and derived as the engine runs it."""
+def recipe(method: str, overrides=()):
+    """The engine's recipe for ``method`` (with ``overrides``, ``config.X=v`` strings), composed
+    and derived as the engine runs it."""
     import ssl_engine.losses  # noqa: F401  (derived settings)
     import ssl_engine.models  # noqa: F401
     from ssl_engine.config import load_config
 
-    return load_config([f"config=benchmark/fashion_mnist/{method}"])[1]
+    return load_config([f"config=benchmark/fashion_mnist/{method}", *overrides])[1]
 
 
 def lr_at(step: int, total: int, peak: float, warmup: float) -> float:
@@ -91,9 +93,13 @@ def lightly_parts(method: str, cfg):
     from lightly.transforms.byol_transform import BYOLView1Transform, BYOLView2Transform
 
     heads = cfg.MODEL.HEAD.PARAMS
-    grey = dict(input_size=28, cj_prob=1.0, cj_strength=1.0, cj_bright=0.4, cj_contrast=0.4,
-                cj_sat=0.0, cj_hue=0.0, min_scale=0.3, random_gray_scale=0.0,
-                sigmas=(0.1, 1.0), hf_prob=0.5, normalize={"mean": MEAN, "std": STD})
+    ops = {entry["name"]: entry for entry in cfg.DATA.TRAIN.TRANSFORMS}
+    crop, jitter, blur = ops["RandomResizedCrop"], ops["ColorJitter"], ops["GaussianBlur"]
+    grey = dict(input_size=int(crop["size"]), cj_prob=1.0, cj_strength=1.0,
+                cj_bright=float(jitter["brightness"]), cj_contrast=float(jitter["contrast"]),
+                cj_sat=0.0, cj_hue=0.0, min_scale=float(crop["scale"][0]),
+                random_gray_scale=0.0, sigmas=tuple(float(s) for s in blur["sigma"]),
+                hf_prob=0.5, normalize={"mean": MEAN, "std": STD})
     if method == "simclr":
         dims = heads[0][1]["dims"]
         transform = SimCLRTransform(gaussian_blur=1.0, **grey)
@@ -107,15 +113,16 @@ def lightly_parts(method: str, cfg):
     return transform, parts, NegativeCosineSimilarity()
 
 
-def train(method: str, data_root: str = DATA_ROOT, limit: int = 0, epochs: int = 0):
-    """Train ``method`` as the recipe says (``epochs``: instead of its epochs); returns (trunk,
-    seconds)."""
+def train(method: str, data_root: str = DATA_ROOT, limit: int = 0, epochs: int = 0,
+          overrides=()):
+    """Train ``method`` as the recipe says (``epochs``: instead of its epochs; ``overrides``:
+    ``config.X=v`` changes to the recipe); returns (trunk, seconds)."""
     from lightly.utils.scheduler import cosine_schedule
 
     from ssl_engine.models import build_model
     from ssl_engine.utils.cpu_budget import auto_workers
 
-    cfg = recipe(method)
+    cfg = recipe(method, overrides)
     torch.manual_seed(int(cfg.SEED_VALUE))
     images, _ = fashion_mnist(data_root, "train")
     images = images[:limit] if limit else images
@@ -198,9 +205,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for train/test features (.npy)")
     parser.add_argument("--limit", type=int, default=0, help="train on the first N images")
     parser.add_argument("--epochs", type=int, default=0, help="instead of the recipe's")
+    parser.add_argument("--override", nargs="*", default=[],
+                        help="config.X=v changes to the recipe (the engine's syntax)")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, (os.cpu_count() or 2)))
-    trunk, seconds = train(args.method, args.data_root, args.limit, args.epochs)
+    trunk, seconds = train(args.method, args.data_root, args.limit, args.epochs,
+                           args.override)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for split in ("train", "t10k"):

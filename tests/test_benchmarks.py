@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
@@ -219,7 +220,8 @@ def test_fashion_mnist_scores_a_recipe_beside_raw_pixels(load_benchmark, capsys,
     write_fashion_idx(root, "t10k", 100, seed=1)
     load_benchmark("fashion_mnist").main([
         "--methods", "simclr", "--epochs", "1", "--data-root", str(root),
-        "--out", str(tmp_path / "runs")])
+        "--out", str(tmp_path / "runs"),
+        "--override", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64"])
     table = capsys.readouterr().out.split("runs in")[-1]
     raw, engine = row_numbers(table, "raw pixels"), row_numbers(table, "simclr (engine)")
     assert len(raw) == 4 and len(engine) == 5  # k-NN, linear, 1%, its spread (, seconds)
@@ -228,6 +230,8 @@ def test_fashion_mnist_scores_a_recipe_beside_raw_pixels(load_benchmark, capsys,
         assert spread >= 0
     assert raw[0] > 90 and engine[-1] > 0  # the bands tell the classes apart; training took time
     assert (tmp_path / "runs" / "fashion_mnist.png").stat().st_size > 0
+    run_config = yaml.safe_load((tmp_path / "runs" / "simclr" / "config.yaml").read_text())
+    assert run_config["config"]["DATA"]["TRAIN"]["BATCHSIZE_PER_REPLICA"] == 64  # --override
 
 
 def test_lightly_reference_trains_the_recipes_trunk_with_lightlys_parts(load_benchmark,
@@ -246,6 +250,24 @@ def test_lightly_reference_trains_the_recipes_trunk_with_lightlys_parts(load_ben
         assert reference.main([method, "--data-root", str(root), "--out", str(out),
                                "--epochs", "1"]) == 0
         train = np.load(out / "train_features.npy")
-        assert train.shape == (512, 256) and np.isfinite(train).all()
-        assert np.load(out / "t10k_features.npy").shape == (20, 256)
+        assert train.shape == (512, 128) and np.isfinite(train).all()  # res5 at 1/4 width
+        assert np.load(out / "t10k_features.npy").shape == (20, 128)
         assert float((out / "train_seconds.txt").read_text()) > 0
+
+
+def test_lightly_reference_reads_views_and_overrides_from_the_recipe(load_benchmark):
+    """What the reference loop shares with the engine's run comes from the recipe, overrides
+    included: the batch, and the crop scale and jitter strengths of lightly's views."""
+    reference = load_benchmark("lightly_reference")
+    views = ("config.DATA.TRAIN.TRANSFORMS=[{name:ImgReplicatePil,num_times:2},"
+             "{name:RandomResizedCrop,size:28,scale:[0.55,1.0]},{name:RandomHorizontalFlip},"
+             "{name:ColorJitter,brightness:0.25,contrast:0.35},"
+             "{name:GaussianBlur,kernel_size:3,sigma:[0.1,1.0]},{name:ToTensor}]")
+    cfg = reference.recipe("simclr", ["config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64", views])
+    assert cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA == 64
+    transform, _, _ = reference.lightly_parts("simclr", cfg)
+    ops = {type(op).__name__: op for op in transform.transforms[0].transform.transforms}
+    crop, jitter = ops["RandomResizedCrop"], ops["RandomApply"].transforms[0]
+    assert tuple(crop.scale) == (0.55, 1.0) and tuple(crop.size) == (28, 28)
+    assert jitter.brightness == pytest.approx((0.75, 1.25))
+    assert jitter.contrast == pytest.approx((0.65, 1.35))
