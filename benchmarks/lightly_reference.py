@@ -7,8 +7,8 @@ fashion_mnist/<method>.yaml), not written twice: the trunk (built by the engine'
 the recipe's settings), the batch, the epochs, the optimizer and its lr schedule (linear warm-up,
 then cosine, per step), the head sizes, the temperature, the BYOL momentum, the bfloat16 autocast
 and channels_last, the data-loading workers, and the views' crop size and scale, jitter
-strengths and blur sigmas (set in lightly's transforms). Features are the trunk's res5avg (global average
-of the last stage), as the engine extracts them.
+strengths and blur sigmas (set in lightly's transforms). Features are the trunk's res5avg
+(global average of the last stage), as the engine extracts them.
 
     python benchmarks/lightly_reference.py simclr --out /tmp/ref_simclr
 """
