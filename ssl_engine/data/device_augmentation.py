@@ -3,9 +3,11 @@ the training device instead of in the loader workers.
 
 The split of the list: its longest tail of transforms that have a device counterpart
 (data/device_ops.py: colour jitter and distortion, grayscale, Gaussian blurs, solarization,
-ToTensor, Normalize, RandomErasing) goes to the device; everything before it (decoding, the
-views, crops, flips, affine maps) stays in the workers, which ship each view as a uint8
-[C, H, W] tensor (a quarter of the bytes of floats) with its drawn parameters. The draws are
+ToTensor, Normalize, RandomErasing; with DATA.<split>.DEVICE_CROPS also RandomResizedCrop and
+RandomHorizontalFlip, for data sets whose images share one size) goes to the device;
+everything before it (decoding, the views, other geometry) stays in the workers, which ship
+each view as a uint8 [C, H, W] tensor (a quarter of the bytes of floats) with its drawn
+parameters. The draws are
 made in the worker inside the sample's seeded generators (data/seeding.py), right after the
 worker's own transforms, so the augmentation of sample i in epoch e is still a function of
 (SEED_VALUE, e, i), whatever the workers, the batch or a resume.
@@ -21,7 +23,7 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from ssl_engine.data.collators.multicrop import resolution_groups
-from ssl_engine.data.device_ops import device_ops
+from ssl_engine.data.device_ops import FlipOp, device_ops
 from ssl_engine.data.transforms.chain import TransformChain, build_transforms
 from ssl_engine.utils.device import to_device
 
@@ -31,18 +33,20 @@ PARAMS_KEY = "device_params"  # per view in a sample, per row (group) in a batch
 ROW_ORDER_COLLATORS = ("simclr_collator", "multicrop_collator")
 
 
-def split_for_device(chain: TransformChain, key: str) -> Tuple[TransformChain, list]:
-    """(the chain the workers run, the device ops of its longest device-capable tail).
-    Transforms that only map labels stay with the workers and do not end the tail."""
+def split_for_device(chain: TransformChain, key: str, crops: bool = False
+                     ) -> Tuple[TransformChain, list]:
+    """(the chain the workers run, the device ops of its longest device-capable tail; with
+    ``crops``, RandomResizedCrop and RandomHorizontalFlip can be in it). Transforms that only
+    map labels stay with the workers and do not end the tail."""
     transforms = chain.transforms
     start = len(transforms)
     while start > 0:
         previous = transforms[start - 1]
-        if not getattr(previous, "maps_label", False) and device_ops(previous) is None:
+        if not getattr(previous, "maps_label", False) and device_ops(previous, crops) is None:
             break
         start -= 1
     tail = [t for t in transforms[start:] if not getattr(t, "maps_label", False)]
-    ops = [op for transform in tail for op in device_ops(transform)]
+    ops = [op for transform in tail for op in device_ops(transform, crops)]
     if not tail:
         raise ValueError(
             f"{key}.DEVICE_AUGMENTATION=true but the last transform of {key}.TRANSFORMS "
@@ -50,6 +54,11 @@ def split_for_device(chain: TransformChain, key: str) -> Tuple[TransformChain, l
             "counterpart; the device runs a tail of ColorJitter, ImgPilColorDistortion, "
             "ImgPilRandomColorJitter, RandomGrayscale, GaussianBlur, ImgPilGaussianBlur, "
             "ImgPilRandomSolarize, ToTensor, Normalize, RandomErasing")
+    if crops and not any(getattr(op, "out_shape", None) or isinstance(op, FlipOp) for op in ops):
+        raise ValueError(
+            f"{key}.DEVICE_CROPS=true but no RandomResizedCrop or RandomHorizontalFlip is in the "
+            f"tail of {key}.TRANSFORMS that runs on the device (it starts after "
+            f"{type(transforms[start - 1]).__name__ if start else 'nothing'})")
     kept = transforms[:start] + [t for t in transforms[start:] if getattr(t, "maps_label", False)]
     return TransformChain(kept), ops
 
@@ -71,14 +80,23 @@ class DeviceAugmentation:
     def __init__(self, ops: list):
         self.ops = ops
         self.size = sum(op.size for op in ops)
+        self.crops = any(getattr(op, "out_shape", None) for op in ops)
 
     def draw(self, views) -> Tuple[list, List[torch.Tensor]]:
         """(the views as uint8 tensors, each view's parameters: a float32 vector). Called in
         the sample's seeded generators, after the worker's transforms."""
         views = [uint8_view(view) for view in (views if isinstance(views, list) else [views])]
-        params = [torch.tensor([value for op in self.ops for value in op.draw(view)],
-                               dtype=torch.float32) for view in views]
-        return views, params
+        return views, [torch.tensor(self.draw_view(view), dtype=torch.float32) for view in views]
+
+    def draw_view(self, view: torch.Tensor) -> List[float]:
+        """One view's parameters, op after op; an op after a crop sees a stand-in of the
+        cropped size (the draws read only the shape)."""
+        values = []
+        for op in self.ops:
+            values += op.draw(view)
+            if getattr(op, "out_shape", None):
+                view = torch.empty(()).expand(op.out_shape(view.shape))
+        return values
 
     def slices(self, params: torch.Tensor) -> List[torch.Tensor]:
         """``params`` [N, size] cut into each op's columns."""
@@ -122,6 +140,15 @@ def rows_of_params(samples: List[dict]) -> List[torch.Tensor]:
             for group in resolution_groups(samples[0])]
 
 
+def check_one_size(samples: List[dict]) -> None:
+    """Refuse views of different sizes before a device crop, which takes them as one tensor."""
+    shapes = {tuple(view.shape) for sample in samples for view in sample["data"]}
+    if len(shapes) > 1:
+        raise ValueError(f"DEVICE_CROPS: the views reaching the device crop must share one "
+                         f"size, got {sorted(shapes)}; resize them in the workers (a Resize "
+                         f"before the crop) or set DEVICE_CROPS false")
+
+
 class DeviceParamsCollator:
     """``collate``'s batch plus, per run of same-size views, the parameters of its rows and
     ``augmentation``'s plan for them (picklable, for loader workers)."""
@@ -130,6 +157,8 @@ class DeviceParamsCollator:
         self.collate, self.augmentation = collate, augmentation
 
     def __call__(self, samples):
+        if self.augmentation.crops:
+            check_one_size(samples)
         batch = self.collate(samples)
         batch[PARAMS_KEY] = [(params, self.augmentation.plan(params))
                              for params in rows_of_params(samples)]
@@ -147,9 +176,11 @@ def build_device_augmentation(chain: TransformChain, split_cfg, key: str
                               ) -> Tuple[TransformChain, Optional[DeviceAugmentation]]:
     """(the workers' chain, the device half or None) for ``split_cfg`` (cfg.DATA.<split>)."""
     if not split_cfg.get("DEVICE_AUGMENTATION", False):
+        if split_cfg.get("DEVICE_CROPS", False):
+            raise ValueError(f"{key}.DEVICE_CROPS=true needs {key}.DEVICE_AUGMENTATION=true")
         return chain, None
     check_collator(split_cfg, key)
-    kept, ops = split_for_device(chain, key)
+    kept, ops = split_for_device(chain, key, split_cfg.get("DEVICE_CROPS", False))
     return kept, DeviceAugmentation(ops)
 
 
@@ -171,6 +202,6 @@ def check_device_augmentation(cfg, split: str) -> None:
     """Refuse, before launch, DATA.<split>.DEVICE_AUGMENTATION with a collator or a list of
     transforms it cannot serve (the same checks as building the dataset)."""
     split_cfg, key = cfg.DATA[split], f"config.DATA.{split}"
-    if split_cfg.get("DEVICE_AUGMENTATION", False):
+    if split_cfg.get("DEVICE_AUGMENTATION", False) or split_cfg.get("DEVICE_CROPS", False):
         build_device_augmentation(build_transforms(split_cfg.TRANSFORMS, f"{key}.TRANSFORMS"),
                                   split_cfg, key)

@@ -20,6 +20,8 @@ import functools
 
 import torch
 import torchvision.transforms as T
+from torchvision.ops import roi_align
+from torchvision.transforms import InterpolationMode
 
 from ssl_engine.data.transforms.color_distortion import (
     ImgPilColorDistortion,
@@ -265,12 +267,74 @@ class ErasingOp:
         return f"ErasingOp(p={self.p}, scale={self.scale}, ratio={self.ratio})"
 
 
-def device_ops(transform) -> list:
+class ResizedCropOp:
+    """torchvision's RandomResizedCrop (``get_params``: a box of ``scale`` of the area and
+    ``ratio`` of aspect) resized to ``size`` with ``roi_align``: each output pixel averages
+    ceil(box/size) x ceil(box/size) bilinear samples of its bin, so an enlarged box is
+    torchvision's bilinear resize (one sample, at the bin's centre) and a shrunk one is
+    averaged as its antialiasing does. Every view of a batch must have one size (the collator
+    checks). Params: top, left, height, width."""
+
+    size = 4
+
+    def __init__(self, crop: T.RandomResizedCrop):
+        if crop.interpolation != InterpolationMode.BILINEAR:
+            raise ValueError(f"on the device RandomResizedCrop resizes bilinearly, not with "
+                             f"{crop.interpolation.value}")
+        self.scale, self.ratio, self.out = tuple(crop.scale), tuple(crop.ratio), tuple(crop.size)
+
+    def draw(self, view) -> List[float]:
+        return [float(v) for v in T.RandomResizedCrop.get_params(view, self.scale, self.ratio)]
+
+    def out_shape(self, shape) -> tuple:
+        """The shape of a view of ``shape`` ([C, H, W]) once cropped."""
+        return (shape[0], *self.out)
+
+    def plan(self, params: torch.Tensor) -> list:
+        """roi_align's boxes: (row, x1, y1, x2, y2) per row."""
+        top, left, height, width = params.unbind(1)
+        rows = torch.arange(len(params), dtype=params.dtype)
+        return [torch.stack([rows, left, top, left + width, top + height], dim=1)]
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
+        boxes = (self.plan(params) if plan is None else plan)[0]
+        return roi_align(images, boxes.to(images.device, images.dtype, non_blocking=True),
+                         self.out, spatial_scale=1.0, sampling_ratio=0, aligned=True)
+
+    def __repr__(self) -> str:
+        return f"ResizedCropOp(size={self.out}, scale={self.scale}, ratio={self.ratio})"
+
+
+class FlipOp(AppliedOp):
+    """torchvision's RandomHorizontalFlip(p). Params: applied."""
+
+    size = 1
+
+    def __init__(self, p: float = 0.5):
+        self.p = float(p)
+
+    def draw(self, view) -> List[float]:
+        return [rand_below(self.p)]
+
+    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
+        positions = self.plan(params)[0] if plan is None else plan[0]
+        return on_rows(images, positions, lambda rows, at: rows.flip(-1))
+
+    def __repr__(self) -> str:
+        return f"FlipOp(p={self.p})"
+
+
+def device_ops(transform, crops: bool = False) -> list:
     """The ops standing for ``transform`` (a built transform of the chain: the distributions
     and validated arguments are its own), or None when it has no device counterpart. ToTensor
-    is no op: every batch is first scaled from uint8 to [0, 1]."""
+    is no op: every batch is first scaled from uint8 to [0, 1]. RandomResizedCrop and
+    RandomHorizontalFlip have counterparts only with ``crops`` (DATA.<split>.DEVICE_CROPS)."""
     if isinstance(transform, T.ToTensor):
         return []
+    if crops and isinstance(transform, T.RandomResizedCrop):
+        return [ResizedCropOp(transform)]
+    if crops and isinstance(transform, T.RandomHorizontalFlip):
+        return [FlipOp(transform.p)]
     if isinstance(transform, T.ColorJitter):
         return [ColorJitterOp(transform)]
     if isinstance(transform, ImgPilColorDistortion):  # SimCLR: jitter p=0.8, then grey p=0.2
