@@ -7,10 +7,10 @@ ToTensor, Normalize, RandomErasing; with DATA.<split>.DEVICE_CROPS also RandomRe
 RandomHorizontalFlip, for data sets whose images share one size) goes to the device;
 everything before it (decoding, the views, other geometry) stays in the workers, which ship
 each view as a uint8 [C, H, W] tensor (a quarter of the bytes of floats) with its drawn
-parameters. The draws are
-made in the worker inside the sample's seeded generators (data/seeding.py), right after the
-worker's own transforms, so the augmentation of sample i in epoch e is still a function of
-(SEED_VALUE, e, i), whatever the workers, the batch or a resume.
+parameters. The draws are made in the worker inside the sample's seeded generators
+(data/seeding.py), right after the worker's own transforms, so the augmentation of sample i
+in epoch e is still a function of (SEED_VALUE, e, i), whatever the workers, the batch or a
+resume.
 
 The training process then calls ``on_device(batch, move)``: the batch goes to the device,
 its uint8 views become floats in [0, 1] (what ToTensor gives) and every op runs on the whole
@@ -23,7 +23,7 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from ssl_engine.data.collators.multicrop import resolution_groups
-from ssl_engine.data.device_ops import FlipOp, device_ops
+from ssl_engine.data.device_ops import FlipOp, ResizedCropOp, device_ops
 from ssl_engine.data.transforms.chain import TransformChain, build_transforms
 from ssl_engine.utils.device import to_device
 
@@ -54,7 +54,7 @@ def split_for_device(chain: TransformChain, key: str, crops: bool = False
             "counterpart; the device runs a tail of ColorJitter, ImgPilColorDistortion, "
             "ImgPilRandomColorJitter, RandomGrayscale, GaussianBlur, ImgPilGaussianBlur, "
             "ImgPilRandomSolarize, ToTensor, Normalize, RandomErasing")
-    if crops and not any(getattr(op, "out_shape", None) or isinstance(op, FlipOp) for op in ops):
+    if crops and not any(isinstance(op, (ResizedCropOp, FlipOp)) for op in ops):
         raise ValueError(
             f"{key}.DEVICE_CROPS=true but no RandomResizedCrop or RandomHorizontalFlip is in the "
             f"tail of {key}.TRANSFORMS that runs on the device (it starts after "
@@ -80,7 +80,7 @@ class DeviceAugmentation:
     def __init__(self, ops: list):
         self.ops = ops
         self.size = sum(op.size for op in ops)
-        self.crops = any(getattr(op, "out_shape", None) for op in ops)
+        self.crops = any(isinstance(op, ResizedCropOp) for op in ops)
 
     def draw(self, views) -> Tuple[list, List[torch.Tensor]]:
         """(the views as uint8 tensors, each view's parameters: a float32 vector). Called in

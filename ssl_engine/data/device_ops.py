@@ -1,6 +1,7 @@
-"""Photometric augmentations split in two halves for DATA.<split>.DEVICE_AUGMENTATION: a loader
-worker *draws* each view's random parameters (a few floats, from the per-sample seeded
-generators, so the draws are those of sample i in epoch e whatever the worker or batch), and
+"""Photometric augmentations (and, for DATA.<split>.DEVICE_CROPS, random crops and flips) split
+in two halves for DATA.<split>.DEVICE_AUGMENTATION: a loader worker *draws* each view's random
+parameters (a few floats, from the per-sample seeded generators, so the draws are those of
+sample i in epoch e whatever the worker or batch), and
 the training process *applies* them to a whole batch at once on its device (CUDA or CPU) with
 ``kornia``'s batched functions, which take one factor per image.
 
