@@ -98,6 +98,16 @@ class DeviceAugmentation:
                 view = torch.empty(()).expand(op.out_shape(view.shape))
         return values
 
+    def draw_batch(self, draws, shape) -> torch.Tensor:
+        """The parameters of ``len(draws)`` views of ``shape`` ([C, H, W]) drawn at once, op
+        after op (data/batch_draws.py; DATA.<split>.BATCHED_READS): float32 [rows, size]."""
+        columns = []
+        for op in self.ops:
+            columns.append(op.draw_batch(draws, shape))
+            if getattr(op, "out_shape", None):
+                shape = op.out_shape(shape)
+        return torch.cat(columns, dim=1).float()
+
     def slices(self, params: torch.Tensor) -> List[torch.Tensor]:
         """``params`` [N, size] cut into each op's columns."""
         return list(params.split([op.size for op in self.ops], dim=1))

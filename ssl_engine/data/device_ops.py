@@ -6,7 +6,9 @@ the training process *applies* them to a whole batch at once on its device (CUDA
 ``kornia``'s batched functions, which take one factor per image.
 
 Each op has ``size`` (floats per view), ``draw(view) -> list`` (``view``: the uint8 [C, H, W]
-crop) and ``apply(images, params) -> images`` (``images``: float [N, C, H, W] in the
+crop), ``draw_batch(draws, shape) -> [rows, size]`` (every row's parameters at once from
+counter-based draws, data/batch_draws.py, for DATA.<split>.BATCHED_READS) and
+``apply(images, params) -> images`` (``images``: float [N, C, H, W] in the
 transform's value range, on the device; ``params``: the [N, size] float CPU tensor of draws).
 ``plan(params)`` picks the rows each step of ``apply`` changes, as CPU index tensors: the
 loader's collator calls it (in the worker), so that ``apply(images, params, plan)`` in the
@@ -17,13 +19,11 @@ formulas are torchvision's tensor formulas (tests/test_device_augmentation.py co
 import math
 from typing import List
 
-import functools
-
 import torch
 import torchvision.transforms as T
-from torchvision.ops import roi_align
-from torchvision.transforms import InterpolationMode
 
+from ssl_engine.data.device_geometry import ErasingOp, FlipOp, ResizedCropOp
+from ssl_engine.data.device_rows import AppliedOp, kornia, on_rows, per_row, rand_below
 from ssl_engine.data.transforms.color_distortion import (
     ImgPilColorDistortion,
     ImgPilRandomColorJitter,
@@ -31,40 +31,6 @@ from ssl_engine.data.transforms.color_distortion import (
 )
 from ssl_engine.data.transforms.gaussian_blur import ImgPilGaussianBlur
 from ssl_engine.data.transforms.solarize import ImgPilRandomSolarize
-
-
-@functools.lru_cache(maxsize=None)
-def kornia():
-    """kornia, with its color, enhance and filters modules: imported when a device op first
-    runs (about a second of start-up that runs without DEVICE_AUGMENTATION do not pay)."""
-    import kornia.color  # noqa: F401
-    import kornia.enhance  # noqa: F401
-    import kornia.filters  # noqa: F401
-    return kornia
-
-
-def rand_below(p: float) -> float:
-    """1.0 with probability ``p`` (torchvision's RandomApply draw: applied when rand < p)."""
-    return float(torch.rand(1).item() < p)
-
-
-def applied_rows(params: torch.Tensor) -> torch.Tensor:
-    """The rows whose first parameter (applied or not) is set."""
-    return torch.nonzero(params[:, 0] > 0).flatten()
-
-
-def on_rows(images: torch.Tensor, positions: torch.Tensor, fn) -> torch.Tensor:
-    """``images`` with the rows at the CPU indices ``positions`` replaced by ``fn(those rows,
-    positions)``; untouched when there are none."""
-    if positions.numel() == 0:
-        return images
-    rows = positions.to(images.device, non_blocking=True)
-    return images.index_copy(0, rows, fn(images.index_select(0, rows), positions))
-
-
-def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A CPU vector of per-image values on ``like``'s device and dtype."""
-    return values.to(like.device, like.dtype, non_blocking=True)
 
 
 class ColorJitterOp:
@@ -87,6 +53,17 @@ class ColorJitterOp:
         order, *factors = T.ColorJitter.get_params(*self.ranges)
         factors = [n if f is None else f for f, n in zip(factors, self.NEUTRAL)]
         return [1.0, *order.tolist(), *factors]
+
+    def draw_batch(self, draws, shape) -> torch.Tensor:
+        applied = draws.below(self.p) if self.p < 1 else torch.ones(len(draws), dtype=torch.float64)
+        order = draws.permutations(4)
+        factors = torch.stack([draws.uniform(1, *r)[:, 0] if r is not None
+                               else torch.full((len(draws),), n, dtype=torch.float64)
+                               for r, n in zip(self.ranges, self.NEUTRAL)], dim=1)
+        off = applied == 0
+        order[off] = torch.arange(4, dtype=torch.float64)
+        factors[off] = torch.tensor(self.NEUTRAL, dtype=torch.float64)
+        return torch.cat([applied[:, None], order, factors], dim=1)
 
     @staticmethod
     def adjust(which: int, images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
@@ -115,13 +92,6 @@ class ColorJitterOp:
 
     def __repr__(self) -> str:
         return f"ColorJitterOp({self.jitter!r}, p={self.p})"
-
-
-class AppliedOp:
-    """An op that changes the rows whose first parameter (applied or not) is set."""
-
-    def plan(self, params: torch.Tensor) -> list:
-        return [applied_rows(params)]
 
 
 class GrayscaleOp(AppliedOp):
@@ -166,6 +136,11 @@ class BlurOp(AppliedOp):
             return [0.0, 0.0]
         return [1.0, T.GaussianBlur.get_params(self.sigma_min, self.sigma_max)]  # uniform
 
+    def draw_batch(self, draws, shape) -> torch.Tensor:
+        applied = draws.below(self.p) if self.p < 1 else torch.ones(len(draws), dtype=torch.float64)
+        sigma = draws.uniform(1, self.sigma_min, self.sigma_max)[:, 0]
+        return torch.stack([applied, sigma * applied], dim=1)
+
     def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
         positions = self.plan(params)[0] if plan is None else plan[0]
         # reflected borders need a half-kernel under the image's side (torchvision refuses it)
@@ -202,6 +177,14 @@ class SolarizeOp(AppliedOp):
         level = torch.randint(0, 257, ()).item() if self.threshold is None else self.threshold
         return [1.0, level / 255.0]
 
+    def draw_batch(self, draws, shape) -> torch.Tensor:
+        applied = draws.below(self.p)
+        if self.threshold is None:
+            level = draws.integers(torch.tensor(257.0)) / 255.0
+        else:
+            level = torch.full((len(draws),), self.threshold / 255.0, dtype=torch.float64)
+        return torch.stack([applied, torch.where(applied > 0, level, 2.0)], dim=1)
+
     def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
         positions = self.plan(params)[0] if plan is None else plan[0]
         return on_rows(images, positions, lambda rows, at: kornia().enhance.solarize(
@@ -223,6 +206,9 @@ class NormalizeOp:
     def draw(self, view) -> List[float]:
         return []
 
+    def draw_batch(self, draws, shape) -> torch.Tensor:
+        return torch.zeros(len(draws), 0, dtype=torch.float64)
+
     def plan(self, params: torch.Tensor) -> list:
         return []
 
@@ -232,97 +218,6 @@ class NormalizeOp:
 
     def __repr__(self) -> str:
         return f"NormalizeOp(mean={self.mean.tolist()}, std={self.std.tolist()})"
-
-
-class ErasingOp:
-    """torchvision's RandomErasing with a constant value: with probability ``p``, a rectangle
-    of area ``scale`` and aspect ``ratio`` (``RandomErasing.get_params``) set to ``value``.
-    Params: applied, top, left, height, width."""
-
-    size = 5
-
-    def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0.0):
-        if not isinstance(value, (int, float)):
-            raise ValueError(f"on the device RandomErasing takes one number as value, got {value}")
-        self.p, self.scale, self.ratio, self.value = float(p), tuple(scale), tuple(ratio), value
-
-    def draw(self, view) -> List[float]:
-        if not rand_below(self.p):
-            return [0.0, 0, 0, 0, 0]
-        top, left, height, width, _ = T.RandomErasing.get_params(
-            view, self.scale, self.ratio, [float(self.value)])
-        return [1.0, top, left, height, width]
-
-    def plan(self, params: torch.Tensor) -> list:
-        return []
-
-    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
-        box = params.to(images.device, non_blocking=True)[:, :, None, None]
-        ys = torch.arange(images.shape[-2], device=images.device)[None, :, None]
-        xs = torch.arange(images.shape[-1], device=images.device)[None, None, :]
-        inside = (box[:, 0] > 0) & (ys >= box[:, 1]) & (ys < box[:, 1] + box[:, 3]) \
-            & (xs >= box[:, 2]) & (xs < box[:, 2] + box[:, 4])
-        return images.masked_fill(inside[:, None], float(self.value))
-
-    def __repr__(self) -> str:
-        return f"ErasingOp(p={self.p}, scale={self.scale}, ratio={self.ratio})"
-
-
-class ResizedCropOp:
-    """torchvision's RandomResizedCrop (``get_params``: a box of ``scale`` of the area and
-    ``ratio`` of aspect) resized to ``size`` with ``roi_align``: each output pixel averages
-    ceil(box/size) x ceil(box/size) bilinear samples of its bin, so an enlarged box is
-    torchvision's bilinear resize (one sample, at the bin's centre) and a shrunk one is
-    averaged as its antialiasing does. Every view of a batch must have one size (the collator
-    checks). Params: top, left, height, width."""
-
-    size = 4
-
-    def __init__(self, crop: T.RandomResizedCrop):
-        if crop.interpolation != InterpolationMode.BILINEAR:
-            raise ValueError(f"on the device RandomResizedCrop resizes bilinearly, not with "
-                             f"{crop.interpolation.value}")
-        self.scale, self.ratio, self.out = tuple(crop.scale), tuple(crop.ratio), tuple(crop.size)
-
-    def draw(self, view) -> List[float]:
-        return [float(v) for v in T.RandomResizedCrop.get_params(view, self.scale, self.ratio)]
-
-    def out_shape(self, shape) -> tuple:
-        """The shape of a view of ``shape`` ([C, H, W]) once cropped."""
-        return (shape[0], *self.out)
-
-    def plan(self, params: torch.Tensor) -> list:
-        """roi_align's boxes: (row, x1, y1, x2, y2) per row."""
-        top, left, height, width = params.unbind(1)
-        rows = torch.arange(len(params), dtype=params.dtype)
-        return [torch.stack([rows, left, top, left + width, top + height], dim=1)]
-
-    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
-        boxes = (self.plan(params) if plan is None else plan)[0]
-        return roi_align(images, boxes.to(images.device, images.dtype, non_blocking=True),
-                         self.out, spatial_scale=1.0, sampling_ratio=0, aligned=True)
-
-    def __repr__(self) -> str:
-        return f"ResizedCropOp(size={self.out}, scale={self.scale}, ratio={self.ratio})"
-
-
-class FlipOp(AppliedOp):
-    """torchvision's RandomHorizontalFlip(p). Params: applied."""
-
-    size = 1
-
-    def __init__(self, p: float = 0.5):
-        self.p = float(p)
-
-    def draw(self, view) -> List[float]:
-        return [rand_below(self.p)]
-
-    def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
-        positions = self.plan(params)[0] if plan is None else plan[0]
-        return on_rows(images, positions, lambda rows, at: rows.flip(-1))
-
-    def __repr__(self) -> str:
-        return f"FlipOp(p={self.p})"
 
 
 def device_ops(transform, crops: bool = False) -> list:

@@ -4,13 +4,14 @@ import copy
 import logging
 import multiprocessing
 import os
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import to_tensor
 
+from ssl_engine.data.batched_reads import BatchedReads, batched_views
 from ssl_engine.data.datasources.image_io import ImageLoadError
 from ssl_engine.data.device_augmentation import PARAMS_KEY, build_device_augmentation
 from ssl_engine.data.labels import sample_label
@@ -68,10 +69,13 @@ class GenericSSLDataset(Dataset):
         self.transform = build_transforms(
             split_cfg.TRANSFORMS, key=f"config.DATA.{split}.TRANSFORMS"
         )
-        self.device_augmentation = None
+        self.device_augmentation, self.batched = None, None
         if device_augmentation:
+            key = f"config.DATA.{split}"
             self.transform, self.device_augmentation = build_device_augmentation(
-                self.transform, split_cfg, f"config.DATA.{split}")
+                self.transform, split_cfg, key)
+            views = batched_views(split_cfg, self.transform, key)
+            self.batched = None if views is None else BatchedReads(self, views, key)
         self.seed_value = int(cfg.SEED_VALUE)
         self.epoch = 0
         self.substitute = bool(split_cfg.ENABLE_QUEUE_DATASET)
@@ -117,6 +121,13 @@ class GenericSSLDataset(Dataset):
         logger.warning("unreadable image %d (at most %s) in %s, replaced by another sample: %s",
                        count, self.max_invalid if self.max_invalid >= 0 else "unlimited", key,
                        where)
+
+    def __getitems__(self, keys) -> List[Dict[str, Any]]:
+        """The samples of a loader's batch: read and drawn at once with BATCHED_READS
+        (data/batched_reads.py), else one by one."""
+        if self.batched is not None:
+            return self.batched.samples(keys)
+        return [self[key] for key in keys]
 
     def __getitem__(self, key) -> Dict[str, Any]:
         """``key``: an index (augmented for the epoch of ``set_epoch``), or ``(epoch, index)``

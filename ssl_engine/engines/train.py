@@ -5,6 +5,7 @@ from typing import Callable, List, Optional
 from ssl_engine.checkpoint import check_latest_pointer, check_resume_files, list_checkpoints
 from ssl_engine.config import ConfigError
 from ssl_engine.data import check_data_paths
+from ssl_engine.data.batched_reads import check_batched_reads
 from ssl_engine.data.device_augmentation import check_device_augmentation
 from ssl_engine.data.paths import check_full_batch
 from ssl_engine.engines.registry import register_engine
@@ -65,6 +66,7 @@ def check_train_config(cfg) -> None:
         check_data_paths(cfg, split)
         check_full_batch(cfg, split)
         check_device_augmentation(cfg, split)
+        check_batched_reads(cfg, split)
     folder = Path(cfg.CHECKPOINT.DIR)
     err = writable_folder_error(folder)
     if err is not None:

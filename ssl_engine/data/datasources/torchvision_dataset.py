@@ -19,6 +19,7 @@ import pickle
 import numpy as np
 from PIL import Image
 
+from ssl_engine.data.batched_reads import uint8_batch
 from ssl_engine.data.registry import register_datasource
 
 # name -> (folder under the root, {split: (files, label key)})
@@ -132,6 +133,12 @@ class TorchvisionDatasetSource:
 
     def labels(self):
         return self.targets
+
+    def read_batch(self, indices):
+        """(the images at ``indices`` as one uint8 [n, 3, H, W] tensor, their labels): for
+        DATA.<split>.BATCHED_READS (data/batched_reads.py)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return uint8_batch(self.images[indices]), self.targets[indices]
 
     def __getitem__(self, index: int):
         image = Image.fromarray(self.images[index])
