@@ -117,25 +117,33 @@ class DeviceAugmentation:
         in the loader's collator."""
         return [op.plan(part) for op, part in zip(self.ops, self.slices(params))]
 
-    def __call__(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, params: torch.Tensor, plan=None,
+                 channels_last: bool = False) -> torch.Tensor:
         """uint8 [N, C, H, W] ``images`` (on any device) -> the augmented float32 batch;
-        ``params``: [N, size] on the CPU, row n drawn for image n; ``plan`` from ``plan``."""
-        images = images.float().div_(255)
+        ``params``: [N, size] on the CPU, row n drawn for image n; ``plan`` from ``plan``.
+        ``channels_last``: the ops work on (and return) channels-last images, the memory
+        format the trunk takes (its convolutions and kornia's run faster on it on a CPU)."""
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        images = images.float().div_(255).contiguous(memory_format=layout)
         plan = self.plan(params) if plan is None else plan
         for op, part, rows in zip(self.ops, self.slices(params), plan):
             images = op.apply(images, part, rows)
+            if getattr(op, "out_shape", None):  # a crop makes a new, contiguous tensor
+                images = images.contiguous(memory_format=layout)
         return images
 
-    def on_device(self, batch: dict, move: Callable) -> dict:
-        """``batch`` (from a loader of this split) moved by ``move`` and augmented; its
-        parameters stay on the CPU (indices of rows are chosen there, so nothing waits)."""
+    def on_device(self, batch: dict, move: Callable, channels_last: bool = False) -> dict:
+        """``batch`` (from a loader of this split) moved by ``move`` and augmented (in the
+        ``channels_last`` format or not); its parameters stay on the CPU (indices of rows are
+        chosen there, so nothing waits)."""
         groups = batch.pop(PARAMS_KEY)  # (params, plan) per run of same-size views
         batch = move(batch)
         inputs = batch["input"]
         if isinstance(inputs, torch.Tensor):
-            batch["input"] = move(self(inputs, *groups[0]))
+            batch["input"] = move(self(inputs, *groups[0], channels_last=channels_last))
         else:
-            batch["input"] = [move(self(group, *rows)) for group, rows in zip(inputs, groups)]
+            batch["input"] = [move(self(group, *rows, channels_last=channels_last))
+                              for group, rows in zip(inputs, groups)]
         return batch
 
     def __repr__(self) -> str:
@@ -205,7 +213,7 @@ def batch_to_device(obj, dataset, device: torch.device, channels_last: bool = Fa
     augmentation = getattr(dataset, "device_augmentation", None)
     if augmentation is None or not isinstance(obj, dict) or PARAMS_KEY not in obj:
         return move(obj)
-    return augmentation.on_device(obj, move)
+    return augmentation.on_device(obj, move, channels_last)
 
 
 def check_device_augmentation(cfg, split: str) -> None:
