@@ -11,6 +11,8 @@ parameters. The draws are made in the worker inside the sample's seeded generato
 (data/seeding.py), right after the worker's own transforms, so the augmentation of sample i
 in epoch e is still a function of (SEED_VALUE, e, i), whatever the workers, the batch or a
 resume.
+With DATA.<split>.BATCHED_READS the loader instead draws every view of a batch at once
+(``draw_batch``, data/batched_reads.py).
 
 The training process then calls ``on_device(batch, move)``: the batch goes to the device,
 its uint8 views become floats in [0, 1] (what ToTensor gives) and every op runs on the whole
