@@ -7,7 +7,7 @@ import torchvision.transforms as T
 from torchvision.ops import roi_align
 from torchvision.transforms import InterpolationMode
 
-from ssl_engine.data.device_rows import AppliedOp, on_rows, rand_below
+from ssl_engine.data.device_rows import ChanceOp, on_rows, rand_below
 
 
 def boxes_in_tries(draws, height: int, width: int, scale, ratio, fits, tall: bool,
@@ -137,16 +137,11 @@ class ResizedCropOp:
         return f"ResizedCropOp(size={self.out}, scale={self.scale}, ratio={self.ratio})"
 
 
-class FlipOp(AppliedOp):
+class FlipOp(ChanceOp):
     """torchvision's RandomHorizontalFlip(p). Params: applied."""
 
-    size = 1
-
     def __init__(self, p: float = 0.5):
-        self.p = float(p)
-
-    def draw(self, view) -> List[float]:
-        return [rand_below(self.p)]
+        super().__init__(p)
 
     def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
         positions = self.plan(params)[0] if plan is None else plan[0]

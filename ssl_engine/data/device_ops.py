@@ -23,7 +23,8 @@ import torch
 import torchvision.transforms as T
 
 from ssl_engine.data.device_geometry import ErasingOp, FlipOp, ResizedCropOp
-from ssl_engine.data.device_rows import AppliedOp, kornia, on_rows, per_row, rand_below
+from ssl_engine.data.device_rows import (AppliedOp, ChanceOp, kornia, on_rows, per_row,
+                                        rand_below)
 from ssl_engine.data.transforms.color_distortion import (
     ImgPilColorDistortion,
     ImgPilRandomColorJitter,
@@ -94,17 +95,12 @@ class ColorJitterOp:
         return f"ColorJitterOp({self.jitter!r}, p={self.p})"
 
 
-class GrayscaleOp(AppliedOp):
+class GrayscaleOp(ChanceOp):
     """torchvision's RandomGrayscale(p) for 3-channel images (ITU-R 601 luma in every
     channel). Params: applied."""
 
-    size = 1
-
     def __init__(self, p: float = 0.1):
-        self.p = float(p)
-
-    def draw(self, view) -> List[float]:
-        return [rand_below(self.p)]
+        super().__init__(p)
 
     def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:
         positions = self.plan(params)[0] if plan is None else plan[0]

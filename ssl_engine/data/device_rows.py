@@ -42,9 +42,21 @@ def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 class AppliedOp:
     """An op that changes the rows whose first parameter (applied or not) is set."""
 
-    def draw_batch(self, draws, shape) -> torch.Tensor:
-        """[rows, 1]: applied with probability ``p`` (ops whose only parameter it is)."""
-        return draws.below(self.p)[:, None]
-
     def plan(self, params: torch.Tensor) -> list:
         return [applied_rows(params)]
+
+
+class ChanceOp(AppliedOp):
+    """An op whose only parameter is whether it applies, with probability ``p`` (torchvision's
+    RandomApply draw). Params: applied."""
+
+    size = 1
+
+    def __init__(self, p: float):
+        self.p = float(p)
+
+    def draw(self, view) -> list:
+        return [rand_below(self.p)]
+
+    def draw_batch(self, draws, shape) -> torch.Tensor:
+        return draws.below(self.p)[:, None]
