@@ -2,12 +2,12 @@
 drawn at once (data/batched_reads.py, data/batch_draws.py): the draws against torchvision's
 own per-view draws (two-sample tests), the batches against the per-sample path's rules (any
 workers, any batch, a resume give the same rows)."""
-import gzip
 
 import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
+from idx_utils import write_idx
 from scipy.stats import ks_2samp
 
 import ssl_engine.losses  # noqa: F401  (derived settings of the config)
@@ -83,12 +83,8 @@ def test_row_keys_are_a_function_of_seed_epoch_index_and_view():
 def write_fashion(root, count=40):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
-    for stem, array in (("train-images-idx3-ubyte", images),
-                        ("train-labels-idx1-ubyte", np.arange(count, dtype=np.uint8) % 10)):
-        header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(
-            n.to_bytes(4, "big") for n in array.shape)
-        with gzip.open(root / f"{stem}.gz", "wb") as f:
-            f.write(header + array.tobytes())
+    write_idx(root / "train-images-idx3-ubyte.gz", images)
+    write_idx(root / "train-labels-idx1-ubyte.gz", np.arange(count) % 10)
     return images
 
 

@@ -197,20 +197,16 @@ def test_bare_dino_loop_trains_a_tiny_vit_multicrop(load_benchmark, capsys):
 def write_fashion_idx(root, split, count, seed):
     """A tiny stand-in for Fashion-MNIST's gzipped IDX files: ``count`` images, as many of
     each of the 10 classes, each class a brighter band at its own rows."""
-    import gzip
-
     import numpy as np
+    from idx_utils import write_idx
 
     rng = np.random.default_rng(seed)
     labels = np.arange(count) % 10
     images = rng.integers(0, 60, size=(count, 28, 28), dtype=np.uint8)
     for index, label in enumerate(labels):
         images[index, 2 * label:2 * label + 6] += 150
-    for kind, array in (("images-idx3", images), ("labels-idx1", labels.astype(np.uint8))):
-        header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(
-            n.to_bytes(4, "big") for n in array.shape)
-        with gzip.open(root / f"{split}-{kind}-ubyte.gz", "wb") as f:
-            f.write(header + array.tobytes())
+    write_idx(root / f"{split}-images-idx3-ubyte.gz", images)
+    write_idx(root / f"{split}-labels-idx1-ubyte.gz", labels)
 
 
 def test_fashion_mnist_scores_a_recipe_beside_raw_pixels(load_benchmark, capsys, tmp_path):

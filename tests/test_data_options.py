@@ -1,6 +1,5 @@
 """VISSL's data options: DATA_LIMIT_SAMPLING, MMAP_MODE, the torchvision_dataset source, the
 dataset catalog, COPY_TO_LOCAL_DISK and the unreadable-image policy."""
-import gzip
 import json
 import logging
 import os
@@ -8,7 +7,6 @@ import pickle
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from ssl_engine.data import build_dataloader, build_dataset, check_data_paths
 from ssl_engine.data.catalog import resolve_dataset_names
@@ -17,6 +15,7 @@ from ssl_engine.data.datasources import ImageLoadError
 from ssl_engine.data.local_copy import copy_once, local_path
 from ssl_engine.engines.launcher import main
 from ssl_engine.utils.errors import ConfigError
+from idx_utils import write_idx
 from test_data_sources import make_cfg, noise, write_png
 
 
@@ -193,15 +192,6 @@ def test_stl10_and_mnist_binary_files(tmp_path):
     test = read_all(build_dataset(torchvision_cfg("TEST", "MNIST", tmp_path), "TEST"))
     assert [label for _, label in test] == [7, 3]
     assert np.array_equal(test[1][0], np.stack([grey[1]] * 3, axis=-1))
-
-
-def write_idx(path, array):
-    """An IDX file of unsigned bytes, gzipped when ``path`` ends in .gz."""
-    header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(
-        n.to_bytes(4, "big") for n in array.shape)
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
 
 
 def test_fashion_mnist_gzipped_in_the_root_or_unpacked_in_torchvisions_folder(tmp_path):
