@@ -177,12 +177,25 @@ def test_workers_ship_uint8_views_and_the_device_runs_the_photometric_tail():
     assert [len(p) for p in sample["device_params"]] == [dataset.device_augmentation.size] * 2
 
 
+def test_moco_collator_gets_the_rows_of_simclr_collator_split_into_queries_and_keys():
+    """Each view's augmentation depends on (seed, epoch, index, view) only, so MoCo's queries
+    and keys are the two halves of SimCLR's view-major batch."""
+    size = "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"
+    simclr = batches(quickstart(size), workers=0, count=1)[0]["input"]
+    moco = batches(quickstart(size, "config.DATA.TRAIN.COLLATE_FUNCTION=moco_collator"),
+                   workers=0, count=1)[0]
+    assert moco["input"].shape == moco["input_momentum"].shape == (8, 3, 16, 16)
+    assert torch.equal(moco["input"], simclr[:8])
+    assert torch.equal(moco["input_momentum"], simclr[8:])
+    assert not torch.equal(moco["input"], moco["input_momentum"])
+
+
 def test_unsupported_settings_are_refused_with_the_key():
-    moco = quickstart("config.DATA.TRAIN.COLLATE_FUNCTION=moco_collator")
+    siamese = quickstart("config.DATA.TRAIN.COLLATE_FUNCTION=siamese_collator")
     with pytest.raises(ValueError, match="DATA.TRAIN.DEVICE_AUGMENTATION.*collators"):
-        check_device_augmentation(moco, "TRAIN")  # before launch (engines/train.py)
+        check_device_augmentation(siamese, "TRAIN")  # before launch (engines/train.py)
     with pytest.raises(ValueError, match="DATA.TRAIN.DEVICE_AUGMENTATION.*collators"):
-        build_dataset(moco, "TRAIN", device_augmentation=True)
+        build_dataset(siamese, "TRAIN", device_augmentation=True)
     with pytest.raises(ValueError, match="no device counterpart"):
         build_dataset(quickstart("config.DATA.TRAIN.TRANSFORMS=[{name: RandomResizedCrop, "
                                  "size: 16}]"), "TRAIN", device_augmentation=True)

@@ -107,6 +107,15 @@ def test_moco_v2_is_info_nce_against_key_and_queue_then_enqueues():
     assert int(loss_fn.queue_ptr) == 2
 
 
+def test_moco_v2_refuses_a_batch_without_the_keys_view():
+    """simclr_collator puts both views in "input": the keys would be the queries' own view."""
+    loss_fn = MoCoLoss(embedding_dim=DIM, queue_size=6)
+    views = randn(4, DIM, seed=8)
+    assert loss_fn.target_input({"input": views[:2], "input_momentum": views[2:]}) is not None
+    with pytest.raises(ValueError, match="COLLATE_FUNCTION=moco_collator"):
+        loss_fn.target_input({"input": views})
+
+
 def test_moco_v3_is_the_scaled_symmetric_info_nce():
     query, key, t = randn(8, DIM, seed=8), randn(8, DIM, seed=9), 0.2
     loss_fn = MoCoV3Loss(embedding_dim=DIM, temperature=t)

@@ -30,9 +30,9 @@ from ssl_engine.data.transforms.chain import TransformChain, build_transforms
 from ssl_engine.utils.device import to_device
 
 PARAMS_KEY = "device_params"  # per view in a sample, per row (group) in a batch
-# collators whose "input" rows are view-major by runs of same-size views, the order
-# ``rows_of_params`` reproduces
-ROW_ORDER_COLLATORS = ("simclr_collator", "multicrop_collator")
+# collators whose rows are view-major by runs of same-size views, the order
+# ``rows_of_params`` reproduces (moco_collator's "input" and "input_momentum" are views 0 and 1)
+ROW_ORDER_COLLATORS = ("simclr_collator", "multicrop_collator", "moco_collator")
 
 
 def split_for_device(chain: TransformChain, key: str, crops: bool = False
@@ -141,7 +141,11 @@ class DeviceAugmentation:
         groups = batch.pop(PARAMS_KEY)  # (params, plan) per run of same-size views
         batch = move(batch)
         inputs = batch["input"]
-        if isinstance(inputs, torch.Tensor):
+        if "input_momentum" in batch:  # moco_collator: view 0's rows, then view 1's
+            both = torch.cat([inputs, batch["input_momentum"]])
+            out = move(self(both, *groups[0], channels_last=channels_last))
+            batch["input"], batch["input_momentum"] = out.split(inputs.shape[0])
+        elif isinstance(inputs, torch.Tensor):
             batch["input"] = move(self(inputs, *groups[0], channels_last=channels_last))
         else:
             batch["input"] = [move(self(group, *rows, channels_last=channels_last))

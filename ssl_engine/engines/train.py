@@ -15,7 +15,7 @@ from ssl_engine.losses import loss_class
 from ssl_engine.losses.distillation import TeacherLoss
 from ssl_engine.models.base_ssl_model import (check_model_config, check_output_heads,
                                               check_trainable)
-from ssl_engine.models.sync_bn import check_sync_bn_config
+from ssl_engine.models.sync_bn import check_batch_norm_splits, check_sync_bn_config
 from ssl_engine.optimizers.param_schedulers import check_lr_not_negative
 from ssl_engine.optimizers.weight_decay import build_weight_decay_scheduler
 from ssl_engine.trainer import SelfSupervisionTrainer
@@ -39,6 +39,7 @@ def check_train_config(cfg) -> None:
     (``RunAlreadyComplete``: the launch ends with exit code 0)."""
     default_hook_generator(cfg)  # hooks refuse settings they cannot work with
     check_sync_bn_config(cfg.MODEL.SYNC_BN_CONFIG, cfg.MACHINE.DEVICE)
+    check_batch_norm_splits(cfg)
     device_type = "cuda" if cfg.MACHINE.DEVICE == "gpu" else "cpu"
     amp_dtype(cfg.MODEL.AMP_PARAMS, device_type)
     if cfg.MODEL.COMPILE.USE_COMPILE and cfg.MODEL.COMPILE.BACKEND == "inductor":

@@ -22,8 +22,9 @@ class MoCoLoss(MomentumTargetLoss):
     order, oldest overwritten) and the encoder moves with ``momentum``.
 
     ``shuffle_batch``: the encoder sees the global batch of keys shuffled over ranks, so that
-    a rank's batch norm never sees a query's image and its key's image together (with one
-    process it changes nothing).
+    a rank's batch norm never sees a query's image and its key's image together.  With one
+    process the keys are shuffled within the batch, which matters when MODEL.BATCH_NORM_SPLITS
+    normalises the batch in slices (one process then trains as that many ranks would).
     """
 
     def __init__(self, embedding_dim: int = 128, queue_size: int = 65536,
@@ -43,15 +44,31 @@ class MoCoLoss(MomentumTargetLoss):
         self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
         self._keys_to_enqueue = None
 
+    def target_input(self, batch):
+        """The keys' view, which ``moco_collator`` gives apart from the queries' (``input``).
+        Without it the encoder would see the queries' own view and the positive pair would
+        be one image twice: refused rather than trained."""
+        if "input_momentum" not in batch:
+            raise ValueError("moco_loss: the batch has no 'input_momentum' (the keys' view), so "
+                             "each key would be its query's own view: set "
+                             "config.DATA.TRAIN.COLLATE_FUNCTION=moco_collator")
+        return batch["input_momentum"]
+
     def run_target(self, inputs, task) -> torch.Tensor:
-        world_size = get_world_size()
-        if not self.shuffle_batch or world_size == 1:
+        if not self.shuffle_batch:
             return super().run_target(inputs, task)
-        everything = gather_from_all(inputs)
+        world_size = get_world_size()
+        everything = gather_from_all(inputs) if world_size > 1 else inputs
         # the same permutation on every rank, and again after a resume
-        generator = torch.Generator().manual_seed(task.config.SEED_VALUE * 1_000_003 + task.iteration)
+        seed = task.config.SEED_VALUE * 1_000_003 + task.iteration
+        generator = torch.Generator().manual_seed(seed)
         order = from_host(torch.randperm(everything.shape[0], generator=generator),
                           everything.device)
+        if world_size == 1:  # slices of the batch norm (MODEL.BATCH_NORM_SPLITS) play the ranks
+            shuffled_keys = super().run_target(everything[order], task)
+            keys = torch.empty_like(shuffled_keys)
+            keys[order] = shuffled_keys
+            return keys
         rank = get_rank()
         keys = super().run_target(everything[order].chunk(world_size)[rank], task)
         shuffled_keys = gather_from_all(keys)
