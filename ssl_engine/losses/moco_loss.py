@@ -57,19 +57,15 @@ class MoCoLoss(MomentumTargetLoss):
     def run_target(self, inputs, task) -> torch.Tensor:
         if not self.shuffle_batch:
             return super().run_target(inputs, task)
-        world_size = get_world_size()
-        everything = gather_from_all(inputs) if world_size > 1 else inputs
+        # with one process the gather is the batch itself and the slices of the batch norm
+        # (MODEL.BATCH_NORM_SPLITS) play the ranks
+        world_size, rank = get_world_size(), get_rank()
+        everything = gather_from_all(inputs)
         # the same permutation on every rank, and again after a resume
         seed = task.config.SEED_VALUE * 1_000_003 + task.iteration
         generator = torch.Generator().manual_seed(seed)
         order = from_host(torch.randperm(everything.shape[0], generator=generator),
                           everything.device)
-        if world_size == 1:  # slices of the batch norm (MODEL.BATCH_NORM_SPLITS) play the ranks
-            shuffled_keys = super().run_target(everything[order], task)
-            keys = torch.empty_like(shuffled_keys)
-            keys[order] = shuffled_keys
-            return keys
-        rank = get_rank()
         keys = super().run_target(everything[order].chunk(world_size)[rank], task)
         shuffled_keys = gather_from_all(keys)
         unshuffled = torch.empty_like(shuffled_keys)

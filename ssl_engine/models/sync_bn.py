@@ -25,7 +25,24 @@ logger = logging.getLogger(__name__)
 SYNC_BN_TYPES = ("pytorch", "all_reduce", "apex")
 
 
-class GlobalBatchNorm(_BatchNorm):
+class _NormOfAnyShape(_BatchNorm):
+    """A batch norm for [N, C] and [N, C, ...] inputs alike, with ``nn.BatchNorm``'s
+    running-statistics factor."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"{type(self).__name__} expects [N, C, ...] input, got "
+                             f"{input.dim()}D")
+
+    def _count_batch(self) -> float:
+        """Count one more batch; the weight of its statistics in the running ones."""
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:  # cumulative moving average, as nn.BatchNorm
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+
+class GlobalBatchNorm(_NormOfAnyShape):
     """Batch norm whose training statistics are those of the union of every rank's batch.
 
     Mean and (biased) variance are computed in two passes from all-reduced sums, so the
@@ -38,10 +55,6 @@ class GlobalBatchNorm(_BatchNorm):
                  affine: bool = True, track_running_stats: bool = True, process_group=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_group = process_group
-
-    def _check_input_dim(self, input: torch.Tensor) -> None:
-        if input.dim() < 2:
-            raise ValueError(f"GlobalBatchNorm expects [N, C, ...] input, got {input.dim()}D")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
@@ -65,17 +78,13 @@ class GlobalBatchNorm(_BatchNorm):
 
     @torch.no_grad()
     def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, count: float) -> None:
-        self.num_batches_tracked.add_(1)
-        if self.momentum is None:  # cumulative moving average, as nn.BatchNorm
-            factor = 1.0 / float(self.num_batches_tracked)
-        else:
-            factor = self.momentum
+        factor = self._count_batch()
         unbiased = var * count / max(count - 1.0, 1.0)
         self.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
         self.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
 
 
-class SplitBatchNorm(_BatchNorm):
+class SplitBatchNorm(_NormOfAnyShape):
     """Batch norm whose training batch is normalised in ``splits`` equal slices, each with its
     own statistics, as that many processes with one slice each would (MODEL.BATCH_NORM_SPLITS).
     The running statistics move once per batch, towards the slices' mean statistics.  In eval
@@ -86,10 +95,6 @@ class SplitBatchNorm(_BatchNorm):
                  track_running_stats: bool = True):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.splits = int(splits)
-
-    def _check_input_dim(self, input: torch.Tensor) -> None:
-        if input.dim() < 2:
-            raise ValueError(f"SplitBatchNorm expects [N, C, ...] input, got {input.dim()}D")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
@@ -102,11 +107,7 @@ class SplitBatchNorm(_BatchNorm):
         if not (self.training and self.track_running_stats):
             return torch.cat([F.batch_norm(part, None, None, self.weight, self.bias, True, 0.0,
                                            self.eps) for part in input.chunk(self.splits)])
-        self.num_batches_tracked.add_(1)
-        if self.momentum is None:  # cumulative moving average, as nn.BatchNorm
-            factor = 1.0 / float(self.num_batches_tracked)
-        else:
-            factor = self.momentum
+        factor = self._count_batch()
         # each slice moves its own copy of the running statistics, as each rank would; the
         # copies' mean is one step towards the slices' mean statistics
         means = self.running_mean.repeat(self.splits, 1)
