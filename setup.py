@@ -55,8 +55,9 @@ setup(
     ],
     extras_require={
         # lightly: independent implementations of the SSL losses, the tests' oracle;
-        # mlflow and wandb: the tests of the experiment trackers, in their local modes
-        "dev": ["pytest", "lightly==1.6.0", "mlflow>=2.10", "wandb>=0.16"],
+        # mlflow and wandb: the tests of the experiment trackers, in their local modes;
+        # pytest-xdist: the suite on every core (-n N), each worker on its own core
+        "dev": ["pytest", "pytest-xdist>=3.5", "lightly==1.6.0", "mlflow>=2.10", "wandb>=0.16"],
         # the experiment trackers, switched on with HOOKS.MLFLOW / HOOKS.WANDB; mlflow (not
         # mlflow-skinny) brings SQLAlchemy for the default local store, mlruns/mlflow.db
         "mlflow": ["mlflow>=2.10"],
