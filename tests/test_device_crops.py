@@ -12,7 +12,7 @@ from ssl_engine.config import load_config
 from ssl_engine.data import build_dataloader, build_dataset
 from ssl_engine.data.device_augmentation import (DeviceAugmentation, DeviceParamsCollator,
                                                  batch_to_device)
-from ssl_engine.data.device_ops import ErasingOp, FlipOp, ResizedCropOp, device_ops
+from ssl_engine.data.device_ops import ErasingOp, FlipOp, MultiCropOp, ResizedCropOp, device_ops
 from ssl_engine.data.collators.simclr import simclr_collator
 
 
@@ -128,3 +128,124 @@ def test_device_crops_refusals_name_the_setting():
                for i, side in enumerate((12, 14))]
     with pytest.raises(ValueError, match=r"share one size.*\(3, 12, 12\).*\(3, 14, 12\)"):
         collate(samples)
+
+
+MULTICROP = ("config.DATA.TRAIN.TRANSFORMS=[{name: Resize, size: 16}, "
+             "{name: ImgPilToMultiCrop, total_num_crops: 5, num_crops: [2, 1, 2], "
+             "size_crops: [16, 10, 10], crop_scales: [[0.5, 1.0], [0.3, 0.5], [0.1, 0.3]]}, "
+             "{name: RandomHorizontalFlip}, {name: ToTensor}]")
+MULTICROP_SETTINGS = (MULTICROP, "config.DATA.TRAIN.DEVICE_CROPS=true",
+                      "config.DATA.TRAIN.COLLATE_FUNCTION=multicrop_collator")
+
+
+def test_device_multicrop_crops_each_groups_views_from_the_one_shipped_image():
+    cfg = quickstart(*MULTICROP_SETTINGS)
+    dataset = build_dataset(cfg, "TRAIN", device_augmentation=True)
+    # the resize stays in the workers; the multi-crop starts the device's tail
+    assert [type(t).__name__ for t in dataset.transform.transforms] == ["Resize"]
+    assert [type(op) for op in dataset.device_augmentation.ops] == [MultiCropOp, FlipOp]
+    loader = build_dataloader(dataset, cfg.DATA.TRAIN, num_workers=2, pin_memory=False,
+                              epoch=1, start_sample=0, seed=cfg.SEED_VALUE)
+    batch = next(iter(loader))
+    [whole] = [view.clone() for view in batch["input"]]  # 5 copies of each image, view-major
+    assert whole.dtype == torch.uint8 and whole.shape == (5 * 16, 3, 16, 16)
+    assert all(torch.equal(whole[:16], whole[16 * v:16 * (v + 1)]) for v in range(5))
+    groups = [params for params, _ in batch["device_params"]]
+    assert [len(params) for params in groups] == [32, 16, 32]
+    target, data_idx = batch["target"].clone(), batch["data_idx"].clone()
+    out = batch_to_device(batch, dataset, torch.device("cpu"))
+    # the two groups of 10 x 10 crops are joined, as multicrop_collator joins such views
+    assert [tuple(t.shape) for t in out["input"]] == [(32, 3, 16, 16), (48, 3, 10, 10)]
+    assert torch.equal(out["target"], target) and len(data_idx) == 80
+    # each group's boxes come from its own scale range (torchvision rounds the sides)
+    for params, (low, high) in zip(groups, ((0.5, 1.0), (0.3, 0.5), (0.1, 0.3))):
+        area = params[:, 2] * params[:, 3] / 16 ** 2
+        assert low - 0.06 <= area.min() and area.max() <= high + 0.06
+    # each row: torchvision's resize of its box of the shipped image, flipped if drawn
+    rows = torch.cat(groups)
+    for output, first, size in ((out["input"][0], 0, 16), (out["input"][1], 32, 10)):
+        expected = []
+        for image, (top, left, height, width, flip) in zip(
+                whole[first:first + len(output)].float() / 255,
+                rows[first:first + len(output)].tolist()):
+            view = F.resized_crop(image, int(top), int(left), int(height), int(width),
+                                  [size, size], antialias=True)
+            expected.append(F.hflip(view) if flip else view)
+        difference = (output - torch.stack(expected)).abs()
+        enlarged = (rows[first:first + len(output), 2:4] <= size).all(dim=1)
+        assert difference[enlarged][..., 2:-2, 2:-2].max() < 1e-4
+        assert difference.mean() < 0.03
+
+
+def test_device_multicrop_batched_reads_draw_each_view_by_its_group(tmp_path):
+    from test_batched_reads import fashion_cfg, loader_batches, write_fashion
+
+    write_fashion(tmp_path)
+    cfg = fashion_cfg(tmp_path, MULTICROP.replace("{name: Resize, size: 16}, ", ""),
+                      "config.DATA.TRAIN.COLLATE_FUNCTION=multicrop_collator")
+    dataset, whole = loader_batches(cfg, workers=0)
+    _, with_workers = loader_batches(cfg, workers=2)
+    first = whole[0]
+    assert [len(params) for params, _ in first["device_params"]] == [16, 8, 16]
+    for a, b in zip(whole, with_workers):
+        for (pa, _), (pb, _) in zip(a["device_params"], b["device_params"]):
+            assert torch.equal(pa, pb)
+    # a sample's views: its group's box sizes; the draws differ view to view
+    alone = dataset.__getitems__([int(first["data_idx"][0])])[0]["device_params"]
+    params = torch.cat([params for params, _ in first["device_params"]])
+    assert all(torch.equal(alone[v], params[8 * v]) for v in range(5))
+    area = params[:, 2] * params[:, 3] / 28 ** 2
+    assert area[:16].min() >= 0.45 and area[24:].max() <= 0.35
+    out = batch_to_device(first, dataset, torch.device("cpu"), channels_last=True)["input"]
+    assert [tuple(t.shape) for t in out] == [(16, 3, 16, 16), (24, 3, 10, 10)]
+
+
+def test_device_multicrop_refusals_name_the_setting(tmp_path):
+    with pytest.raises(ValueError, match="ImgPilToMultiCrop works with .*multicrop_collator"):
+        build_dataset(quickstart(MULTICROP, "config.DATA.TRAIN.DEVICE_CROPS=true"), "TRAIN",
+                      device_augmentation=True)
+    augmentation = build_dataset(quickstart(*MULTICROP_SETTINGS), "TRAIN",
+                                 device_augmentation=True).device_augmentation
+    view = torch.zeros(3, 16, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="makes the views of one image.*made 2 views"):
+        augmentation.draw([view, view])
+    with pytest.raises(TypeError, match="planned by resolution group"):
+        augmentation.plan(torch.zeros(4, augmentation.size))
+    with pytest.raises(TypeError, match="augmented group by group"):
+        augmentation(torch.zeros(4, 3, 16, 16, dtype=torch.uint8), torch.zeros(4, 5))
+    from test_batched_reads import fashion_cfg, write_fashion
+
+    write_fashion(tmp_path)
+    with pytest.raises(ValueError, match="BATCHED_READS=true needs every transform before the "
+                                         "device tail.*Resize runs in the loader"):
+        build_dataset(fashion_cfg(tmp_path, MULTICROP,
+                                  "config.DATA.TRAIN.COLLATE_FUNCTION=multicrop_collator"),
+                      "TRAIN", device_augmentation=True)
+
+
+def test_dino_recipe_trains_on_device_multicrop_views(tmp_path):
+    """Fashion-MNIST's DINO recipe with 2 global and 3 local views cropped on the device: the
+    loss takes its 5 crops from the transforms and sees both groups (a term per teacher crop,
+    each against the student's 4 other views)."""
+    from engine_utils import metrics, run_engine
+    from test_benchmarks import write_fashion_idx
+
+    write_fashion_idx(tmp_path, "train", 48, seed=0)
+    write_fashion_idx(tmp_path, "t10k", 16, seed=1)
+    transforms = ("config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 5, "
+                  "num_crops: [2, 3], size_crops: [28, 12], "
+                  "crop_scales: [[0.3, 1.0], [0.05, 0.3]]}, {name: RandomHorizontalFlip}, "
+                  "{name: ColorJitter, brightness: 0.8, contrast: 0.8}, {name: ToTensor}, "
+                  "{name: Normalize, mean: [0.3, 0.3, 0.3], std: [0.35, 0.35, 0.35]}]")
+    cfg = run_engine(tmp_path / "run", [
+        transforms, f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path}]",
+        f"config.DATA.TEST.DATA_PATHS=[{tmp_path}]", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=16",
+        "config.OPTIMIZER.num_epochs=2", "config.LOG_FREQUENCY=1"],
+        config="config=benchmark/fashion_mnist/dino")
+    assert cfg.LOSS.dino_loss.num_crops == 5
+    steps = [m for m in metrics(tmp_path / "run") if m.get("phase") == "train"]
+    assert [m["iteration"] for m in steps] == list(range(1, 7))
+    for step in steps:
+        assert set(step["loss_terms"]) == {"teacher_crop0", "teacher_crop1"}
+        assert all(0 < term < 10 for term in step["loss_terms"].values()), step
+        assert step["views_per_sec"] == pytest.approx(5 * step["images_per_sec"], rel=1e-3)

@@ -24,16 +24,18 @@ from ssl_engine.data.transforms import build_transforms
 from ssl_engine.data.transforms.img_replicate import ImgReplicatePil
 
 
-def batched_views(split_cfg, loader_chain, key: str):
+def batched_views(split_cfg, loader_chain, key: str, augmentation=None):
     """The number of views a batched read makes for ``split_cfg`` (cfg.DATA.<split>) whose
-    loader side is ``loader_chain`` (what DEVICE_AUGMENTATION leaves there), or None without
-    BATCHED_READS; ValueError for settings it cannot serve."""
+    loader side is ``loader_chain`` and device side ``augmentation`` (what DEVICE_AUGMENTATION
+    makes of the transforms), or None without BATCHED_READS; ValueError for settings it cannot
+    serve."""
     if not split_cfg.get("BATCHED_READS", False):
         return None
     if not split_cfg.get("DEVICE_AUGMENTATION", False):
         raise ValueError(f"{key}.BATCHED_READS=true needs {key}.DEVICE_AUGMENTATION=true (the "
                          "augmentations are drawn for the batch and applied on the device)")
-    return replicated_views(loader_chain, key)
+    views = replicated_views(loader_chain, key)  # 1 before a multi-crop (one view maker)
+    return views if augmentation is None else views * augmentation.views
 
 
 def check_batched_reads(cfg, split: str) -> None:
@@ -42,9 +44,10 @@ def check_batched_reads(cfg, split: str) -> None:
     split_cfg, key = cfg.DATA[split], f"config.DATA.{split}"
     if split_cfg.get("BATCHED_READS", False):
         chain = build_transforms(split_cfg.TRANSFORMS, f"{key}.TRANSFORMS")
+        augmentation = None
         if split_cfg.get("DEVICE_AUGMENTATION", False):
-            chain, _ = build_device_augmentation(chain, split_cfg, key)
-        batched_views(split_cfg, chain, key)
+            chain, augmentation = build_device_augmentation(chain, split_cfg, key)
+        batched_views(split_cfg, chain, key, augmentation)
 
 
 def replicated_views(chain, key: str) -> int:
@@ -94,7 +97,7 @@ class BatchedReads:
             labels = np.zeros_like(positions)
         shape = tuple(images.shape[1:])
         params = [dataset.device_augmentation.draw_batch(
-            CounterDraws(row_keys(dataset.seed_value, epochs, positions, view)), shape)
+            CounterDraws(row_keys(dataset.seed_value, epochs, positions, view)), shape, view)
             for view in range(self.views)]
         samples = []
         for row, position in enumerate(positions.tolist()):

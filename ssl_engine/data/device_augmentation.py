@@ -3,8 +3,9 @@ the training device instead of in the loader workers.
 
 The split of the list: its longest tail of transforms that have a device counterpart
 (data/device_ops.py: colour jitter and distortion, grayscale, Gaussian blurs, solarization,
-ToTensor, Normalize, RandomErasing; with DATA.<split>.DEVICE_CROPS also RandomResizedCrop and
-RandomHorizontalFlip, for data sets whose images share one size) goes to the device;
+ToTensor, Normalize, RandomErasing; with DATA.<split>.DEVICE_CROPS also RandomResizedCrop,
+RandomHorizontalFlip and ImgPilToMultiCrop, for data sets whose images share one size) goes to
+the device;
 everything before it (decoding, the views, other geometry) stays in the workers, which ship
 each view as a uint8 [C, H, W] tensor (a quarter of the bytes of floats) with its drawn
 parameters. The draws are made in the worker inside the sample's seeded generators
@@ -17,6 +18,13 @@ With DATA.<split>.BATCHED_READS the loader instead draws every view of a batch a
 The training process then calls ``on_device(batch, move)``: the batch goes to the device,
 its uint8 views become floats in [0, 1] (what ToTensor gives) and every op runs on the whole
 batch with each view's own parameters.
+
+Multi-crop on the device: an ImgPilToMultiCrop in the device tail starts it (the transforms
+before it stay in the workers, which ship one image a sample). The image is shipped as
+``total_num_crops`` identical views, each drawn the box of its resolution group; on the device
+the rows of each group go through the group's crop and then the ops after the multi-crop, and
+"input" becomes one tensor per output size, as multicrop_collator makes from views cropped in
+the workers.
 """
 from typing import Callable, List, Optional, Tuple
 
@@ -25,7 +33,7 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from ssl_engine.data.collators.multicrop import resolution_groups
-from ssl_engine.data.device_ops import FlipOp, ResizedCropOp, device_ops
+from ssl_engine.data.device_ops import FlipOp, MultiCropOp, ResizedCropOp, device_ops
 from ssl_engine.data.transforms.chain import TransformChain, build_transforms
 from ssl_engine.utils.device import to_device
 
@@ -44,8 +52,13 @@ def split_for_device(chain: TransformChain, key: str, crops: bool = False
     start = len(transforms)
     while start > 0:
         previous = transforms[start - 1]
-        if not getattr(previous, "maps_label", False) and device_ops(previous, crops) is None:
-            break
+        if not getattr(previous, "maps_label", False):
+            ops = device_ops(previous, crops)
+            if ops is None:
+                break
+            if any(isinstance(op, MultiCropOp) for op in ops):  # it makes the views: a start
+                start -= 1
+                break
         start -= 1
     tail = [t for t in transforms[start:] if not getattr(t, "maps_label", False)]
     ops = [op for transform in tail for op in device_ops(transform, crops)]
@@ -56,9 +69,10 @@ def split_for_device(chain: TransformChain, key: str, crops: bool = False
             "counterpart; the device runs a tail of ColorJitter, ImgPilColorDistortion, "
             "ImgPilRandomColorJitter, RandomGrayscale, GaussianBlur, ImgPilGaussianBlur, "
             "ImgPilRandomSolarize, ToTensor, Normalize, RandomErasing")
-    if crops and not any(isinstance(op, (ResizedCropOp, FlipOp)) for op in ops):
+    if crops and not any(isinstance(op, (ResizedCropOp, FlipOp, MultiCropOp)) for op in ops):
         raise ValueError(
-            f"{key}.DEVICE_CROPS=true but no RandomResizedCrop or RandomHorizontalFlip is in the "
+            f"{key}.DEVICE_CROPS=true but no RandomResizedCrop, RandomHorizontalFlip or "
+            f"ImgPilToMultiCrop is in the "
             f"tail of {key}.TRANSFORMS that runs on the device (it starts after "
             f"{type(transforms[start - 1]).__name__ if start else 'nothing'})")
     kept = transforms[:start] + [t for t in transforms[start:] if getattr(t, "maps_label", False)]
@@ -77,18 +91,44 @@ def uint8_view(view) -> torch.Tensor:
 
 
 class DeviceAugmentation:
-    """The device half of a split's transforms: ``ops`` in order (data/device_ops.py)."""
+    """The device half of a split's transforms: ``ops`` in order (data/device_ops.py). When
+    they start with a MultiCropOp, ``groups`` holds one DeviceAugmentation per resolution
+    group (its crop, then ``ops[1:]``) and ``views`` the views it makes of one image."""
 
     def __init__(self, ops: list):
         self.ops = ops
         self.size = sum(op.size for op in ops)
-        self.crops = any(isinstance(op, ResizedCropOp) for op in ops)
+        self.crops = any(isinstance(op, (ResizedCropOp, MultiCropOp)) for op in ops)
+        self.multicrop = ops[0] if ops and isinstance(ops[0], MultiCropOp) else None
+        if any(isinstance(op, MultiCropOp) for op in ops[1:]):
+            raise ValueError("on the device ImgPilToMultiCrop makes the views: it comes first "
+                             "in the device tail, once")
+        self.groups, self.views = None, 1
+        if self.multicrop is not None:
+            self.groups = [DeviceAugmentation([crop, *ops[1:]]) for crop in self.multicrop.crops]
+            self.views = self.multicrop.views
+
+    def view_chains(self) -> list:
+        """The chain each view of a sample goes through, in view order."""
+        if self.groups is None:
+            return [self]
+        return [group for group, count in zip(self.groups, self.multicrop.counts)
+                for _ in range(count)]
 
     def draw(self, views) -> Tuple[list, List[torch.Tensor]]:
         """(the views as uint8 tensors, each view's parameters: a float32 vector). Called in
-        the sample's seeded generators, after the worker's transforms."""
+        the sample's seeded generators, after the worker's transforms; a multi-crop makes its
+        views here, copies of the workers' one image."""
         views = [uint8_view(view) for view in (views if isinstance(views, list) else [views])]
-        return views, [torch.tensor(self.draw_view(view), dtype=torch.float32) for view in views]
+        if self.groups is None:
+            return views, [torch.tensor(self.draw_view(view), dtype=torch.float32)
+                           for view in views]
+        if len(views) != 1:
+            raise ValueError(f"on the device ImgPilToMultiCrop makes the views of one image, "
+                             f"but the workers' transforms made {len(views)} views")
+        views = views * self.views
+        return views, [torch.tensor(chain.draw_view(view), dtype=torch.float32)
+                       for chain, view in zip(self.view_chains(), views)]
 
     def draw_view(self, view: torch.Tensor) -> List[float]:
         """One view's parameters, op after op; an op after a crop sees a stand-in of the
@@ -100,9 +140,12 @@ class DeviceAugmentation:
                 view = torch.empty(()).expand(op.out_shape(view.shape))
         return values
 
-    def draw_batch(self, draws, shape) -> torch.Tensor:
+    def draw_batch(self, draws, shape, view: int = 0) -> torch.Tensor:
         """The parameters of ``len(draws)`` views of ``shape`` ([C, H, W]) drawn at once, op
-        after op (data/batch_draws.py; DATA.<split>.BATCHED_READS): float32 [rows, size]."""
+        after op (data/batch_draws.py; DATA.<split>.BATCHED_READS): float32 [rows, size].
+        ``view``: the views' place in their samples (a multi-crop draws by its group)."""
+        if self.groups is not None:
+            return self.view_chains()[view].draw_batch(draws, shape)
         columns = []
         for op in self.ops:
             columns.append(op.draw_batch(draws, shape))
@@ -117,7 +160,20 @@ class DeviceAugmentation:
     def plan(self, params: torch.Tensor) -> list:
         """Each op's rows to change (CPU indices), made where reading values costs nothing:
         in the loader's collator."""
+        if self.groups is not None:
+            raise TypeError("a multi-crop's rows are planned by resolution group (row_groups)")
         return [op.plan(part) for op, part in zip(self.ops, self.slices(params))]
+
+    def row_groups(self, stacks: List[torch.Tensor], samples: int) -> list:
+        """(params, plan) per run of rows the device augments as one tensor: ``stacks`` (one
+        [rows, size] tensor per run of same-size views, from ``rows_of_params``) as they are,
+        or for a multi-crop, its one stack cut by resolution group (view-major rows:
+        ``count * samples`` rows a group)."""
+        if self.groups is None:
+            return [(params, self.plan(params)) for params in stacks]
+        [params] = stacks  # the views reaching a device crop share one size
+        parts = params.split([count * samples for count in self.multicrop.counts])
+        return [(part, group.plan(part)) for part, group in zip(parts, self.groups)]
 
     def __call__(self, images: torch.Tensor, params: torch.Tensor, plan=None,
                  channels_last: bool = False) -> torch.Tensor:
@@ -125,6 +181,8 @@ class DeviceAugmentation:
         ``params``: [N, size] on the CPU, row n drawn for image n; ``plan`` from ``plan``.
         ``channels_last``: the ops work on (and return) channels-last images, the memory
         format the trunk takes (its convolutions and kornia's run faster on it on a CPU)."""
+        if self.groups is not None:
+            raise TypeError("a multi-crop's batch is augmented group by group (on_device)")
         layout = torch.channels_last if channels_last else torch.contiguous_format
         images = images.float().div_(255).contiguous(memory_format=layout)
         plan = self.plan(params) if plan is None else plan
@@ -141,7 +199,9 @@ class DeviceAugmentation:
         groups = batch.pop(PARAMS_KEY)  # (params, plan) per run of same-size views
         batch = move(batch)
         inputs = batch["input"]
-        if "input_momentum" in batch:  # moco_collator: view 0's rows, then view 1's
+        if self.groups is not None:  # a multi-crop: one tensor of every view's copy
+            batch["input"] = self.multicrop_on_device(inputs, groups, move, channels_last)
+        elif "input_momentum" in batch:  # moco_collator: view 0's rows, then view 1's
             both = torch.cat([inputs, batch["input_momentum"]])
             out = move(self(both, *groups[0], channels_last=channels_last))
             batch["input"], batch["input_momentum"] = out.split(inputs.shape[0])
@@ -151,6 +211,22 @@ class DeviceAugmentation:
             batch["input"] = [move(self(group, *rows, channels_last=channels_last))
                               for group, rows in zip(inputs, groups)]
         return batch
+
+    def multicrop_on_device(self, inputs, groups: list, move: Callable,
+                            channels_last: bool) -> List[torch.Tensor]:
+        """The copies of the images (multicrop_collator's one tensor, view-major) cut by
+        resolution group, each group's rows augmented by its chain; groups of one output size
+        next to each other are joined, as multicrop_collator joins such views."""
+        if isinstance(inputs, (list, tuple)):
+            [inputs] = inputs
+        parts = inputs.split([params.shape[0] for params, _ in groups])
+        outputs = []
+        for chain, part, (params, plan) in zip(self.groups, parts, groups):
+            out = move(chain(part, params, plan, channels_last=channels_last))
+            if outputs and outputs[-1].shape[1:] == out.shape[1:]:
+                out = torch.cat([outputs.pop(), out])
+            outputs.append(out)
+        return outputs
 
     def __repr__(self) -> str:
         inner = "".join(f"\n  {op!r}" for op in self.ops)
@@ -184,8 +260,7 @@ class DeviceParamsCollator:
         if self.augmentation.crops:
             check_one_size(samples)
         batch = self.collate(samples)
-        batch[PARAMS_KEY] = [(params, self.augmentation.plan(params))
-                             for params in rows_of_params(samples)]
+        batch[PARAMS_KEY] = self.augmentation.row_groups(rows_of_params(samples), len(samples))
         return batch
 
 
@@ -205,7 +280,12 @@ def build_device_augmentation(chain: TransformChain, split_cfg, key: str
         return chain, None
     check_collator(split_cfg, key)
     kept, ops = split_for_device(chain, key, split_cfg.get("DEVICE_CROPS", False))
-    return kept, DeviceAugmentation(ops)
+    augmentation = DeviceAugmentation(ops)
+    if augmentation.multicrop is not None and split_cfg.COLLATE_FUNCTION != "multicrop_collator":
+        raise ValueError(f"{key}.DEVICE_CROPS=true with ImgPilToMultiCrop works with "
+                         f"{key}.COLLATE_FUNCTION=multicrop_collator, not "
+                         f"{split_cfg.COLLATE_FUNCTION}")
+    return kept, augmentation
 
 
 def batch_to_device(obj, dataset, device: torch.device, channels_last: bool = False):

@@ -1,6 +1,7 @@
 """Device ops that move or hide pixels (data/device_ops.py says what an op is): torchvision's
-RandomResizedCrop and RandomHorizontalFlip (DATA.<split>.DEVICE_CROPS) and RandomErasing."""
-from typing import List
+RandomResizedCrop and RandomHorizontalFlip (DATA.<split>.DEVICE_CROPS), ImgPilToMultiCrop's
+views (MultiCropOp) and RandomErasing."""
+from typing import List, Sequence, Tuple
 
 import torch
 import torchvision.transforms as T
@@ -135,6 +136,26 @@ class ResizedCropOp:
 
     def __repr__(self) -> str:
         return f"ResizedCropOp(size={self.out}, scale={self.scale}, ratio={self.ratio})"
+
+
+class MultiCropOp:
+    """ImgPilToMultiCrop on the device (DATA.<split>.DEVICE_CROPS): one image made
+    ``views`` views, those of group g cropped by ``crops[g]`` (a ResizedCropOp: its own output
+    size and scale range), ``counts[g]`` views a group, groups in the transform's order. It
+    is not applied by itself: DeviceAugmentation runs each group as a chain of its own, the
+    group's crop followed by the ops after the multi-crop (data/device_augmentation.py).
+    Params: as ResizedCropOp's (top, left, height, width), drawn by the view's group."""
+
+    size = ResizedCropOp.size
+
+    def __init__(self, groups: Sequence[Tuple[int, T.RandomResizedCrop]]):
+        self.counts = [int(count) for count, _ in groups]
+        self.crops = [ResizedCropOp(crop) for _, crop in groups]
+        self.views = sum(self.counts)
+
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{count} x {crop!r}" for count, crop in zip(self.counts, self.crops))
+        return f"MultiCropOp({groups})"
 
 
 class FlipOp(ChanceOp):

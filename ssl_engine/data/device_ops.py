@@ -22,7 +22,7 @@ from typing import List
 import torch
 import torchvision.transforms as T
 
-from ssl_engine.data.device_geometry import ErasingOp, FlipOp, ResizedCropOp
+from ssl_engine.data.device_geometry import ErasingOp, FlipOp, MultiCropOp, ResizedCropOp
 from ssl_engine.data.device_rows import (AppliedOp, ChanceOp, kornia, on_rows, per_row,
                                         rand_below)
 from ssl_engine.data.transforms.color_distortion import (
@@ -31,6 +31,7 @@ from ssl_engine.data.transforms.color_distortion import (
     simclr_jitter,
 )
 from ssl_engine.data.transforms.gaussian_blur import ImgPilGaussianBlur
+from ssl_engine.data.transforms.multicrop import ImgPilToMultiCrop
 from ssl_engine.data.transforms.solarize import ImgPilRandomSolarize
 
 
@@ -219,14 +220,17 @@ class NormalizeOp:
 def device_ops(transform, crops: bool = False) -> list:
     """The ops standing for ``transform`` (a built transform of the chain: the distributions
     and validated arguments are its own), or None when it has no device counterpart. ToTensor
-    is no op: every batch is first scaled from uint8 to [0, 1]. RandomResizedCrop and
-    RandomHorizontalFlip have counterparts only with ``crops`` (DATA.<split>.DEVICE_CROPS)."""
+    is no op: every batch is first scaled from uint8 to [0, 1]. RandomResizedCrop,
+    RandomHorizontalFlip and ImgPilToMultiCrop have counterparts only with ``crops``
+    (DATA.<split>.DEVICE_CROPS)."""
     if isinstance(transform, T.ToTensor):
         return []
     if crops and isinstance(transform, T.RandomResizedCrop):
         return [ResizedCropOp(transform)]
     if crops and isinstance(transform, T.RandomHorizontalFlip):
         return [FlipOp(transform.p)]
+    if crops and isinstance(transform, ImgPilToMultiCrop):
+        return [MultiCropOp(transform.groups)]
     if isinstance(transform, T.ColorJitter):
         return [ColorJitterOp(transform)]
     if isinstance(transform, ImgPilColorDistortion):  # SimCLR: jitter p=0.8, then grey p=0.2

@@ -74,7 +74,7 @@ class GenericSSLDataset(Dataset):
             key = f"config.DATA.{split}"
             self.transform, self.device_augmentation = build_device_augmentation(
                 self.transform, split_cfg, key)
-            views = batched_views(split_cfg, self.transform, key)
+            views = batched_views(split_cfg, self.transform, key, self.device_augmentation)
             self.batched = None if views is None else BatchedReads(self, views, key)
         self.seed_value = int(cfg.SEED_VALUE)
         self.epoch = 0

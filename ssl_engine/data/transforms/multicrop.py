@@ -26,8 +26,11 @@ class ImgPilToMultiCrop:
                 f"total_num_crops={total_num_crops} but num_crops sum to {sum(num_crops)}"
             )
         self.crops: List[T.RandomResizedCrop] = []
+        self.groups = []  # (count, crop) per resolution, for the device's counterpart
         for count, size, scale in zip(num_crops, size_crops, crop_scales):
-            self.crops += [T.RandomResizedCrop(size, scale=tuple(scale))] * count
+            crop = T.RandomResizedCrop(size, scale=tuple(scale))
+            self.crops += [crop] * count
+            self.groups.append((int(count), crop))
 
     def __call__(self, image):
         return [crop(image) for crop in self.crops]
