@@ -93,7 +93,8 @@ def uint8_view(view) -> torch.Tensor:
 class DeviceAugmentation:
     """The device half of a split's transforms: ``ops`` in order (data/device_ops.py). When
     they start with a MultiCropOp, ``groups`` holds one DeviceAugmentation per resolution
-    group (its crop, then ``ops[1:]``) and ``views`` the views it makes of one image."""
+    group (its crop, then ``ops[1:]``), ``views`` the views it makes of one image and
+    ``view_chains`` the group of each view, in view order."""
 
     def __init__(self, ops: list):
         self.ops = ops
@@ -103,17 +104,12 @@ class DeviceAugmentation:
         if any(isinstance(op, MultiCropOp) for op in ops[1:]):
             raise ValueError("on the device ImgPilToMultiCrop makes the views: it comes first "
                              "in the device tail, once")
-        self.groups, self.views = None, 1
+        self.groups, self.views, self.view_chains = None, 1, None
         if self.multicrop is not None:
             self.groups = [DeviceAugmentation([crop, *ops[1:]]) for crop in self.multicrop.crops]
             self.views = self.multicrop.views
-
-    def view_chains(self) -> list:
-        """The chain each view of a sample goes through, in view order."""
-        if self.groups is None:
-            return [self]
-        return [group for group, count in zip(self.groups, self.multicrop.counts)
-                for _ in range(count)]
+            self.view_chains = [group for group, count in zip(self.groups, self.multicrop.counts)
+                                for _ in range(count)]
 
     def draw(self, views) -> Tuple[list, List[torch.Tensor]]:
         """(the views as uint8 tensors, each view's parameters: a float32 vector). Called in
@@ -128,7 +124,7 @@ class DeviceAugmentation:
                              f"but the workers' transforms made {len(views)} views")
         views = views * self.views
         return views, [torch.tensor(chain.draw_view(view), dtype=torch.float32)
-                       for chain, view in zip(self.view_chains(), views)]
+                       for chain, view in zip(self.view_chains, views)]
 
     def draw_view(self, view: torch.Tensor) -> List[float]:
         """One view's parameters, op after op; an op after a crop sees a stand-in of the
@@ -145,7 +141,7 @@ class DeviceAugmentation:
         after op (data/batch_draws.py; DATA.<split>.BATCHED_READS): float32 [rows, size].
         ``view``: the views' place in their samples (a multi-crop draws by its group)."""
         if self.groups is not None:
-            return self.view_chains()[view].draw_batch(draws, shape)
+            return self.view_chains[view].draw_batch(draws, shape)
         columns = []
         for op in self.ops:
             columns.append(op.draw_batch(draws, shape))
@@ -214,11 +210,11 @@ class DeviceAugmentation:
 
     def multicrop_on_device(self, inputs, groups: list, move: Callable,
                             channels_last: bool) -> List[torch.Tensor]:
-        """The copies of the images (multicrop_collator's one tensor, view-major) cut by
-        resolution group, each group's rows augmented by its chain; groups of one output size
-        next to each other are joined, as multicrop_collator joins such views."""
-        if isinstance(inputs, (list, tuple)):
-            [inputs] = inputs
+        """The copies of the images (multicrop_collator's list of one tensor, view-major: the
+        copies share the image's size) cut by resolution group, each group's rows augmented by
+        its chain; groups of one output size next to each other are joined, as
+        multicrop_collator joins such views."""
+        [inputs] = inputs
         parts = inputs.split([params.shape[0] for params, _ in groups])
         outputs = []
         for chain, part, (params, plan) in zip(self.groups, parts, groups):
