@@ -20,11 +20,12 @@ its uint8 views become floats in [0, 1] (what ToTensor gives) and every op runs 
 batch with each view's own parameters.
 
 Multi-crop on the device: an ImgPilToMultiCrop in the device tail starts it (the transforms
-before it stay in the workers, which ship one image a sample). The image is shipped as
-``total_num_crops`` identical views, each drawn the box of its resolution group; on the device
-the rows of each group go through the group's crop and then the ops after the multi-crop, and
-"input" becomes one tensor per output size, as multicrop_collator makes from views cropped in
-the workers.
+before it stay in the workers). The workers ship each sample's image once as uint8 (not
+``total_num_crops`` copies), with every view's drawn box (by the view's resolution group) and
+the meta of every view's row; on the device each group's crop
+cuts its rows' boxes out of the one tensor of images (roi_align's box index), the rows go
+through the ops after the multi-crop, and "input" becomes one tensor per output size, as
+multicrop_collator makes from views cropped in the workers.
 """
 from typing import Callable, List, Optional, Tuple
 
@@ -32,6 +33,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
+from ssl_engine.data.collators.common import num_views, view_major_meta
 from ssl_engine.data.collators.multicrop import resolution_groups
 from ssl_engine.data.device_ops import FlipOp, MultiCropOp, ResizedCropOp, device_ops
 from ssl_engine.data.transforms.chain import TransformChain, build_transforms
@@ -114,7 +116,7 @@ class DeviceAugmentation:
     def draw(self, views) -> Tuple[list, List[torch.Tensor]]:
         """(the views as uint8 tensors, each view's parameters: a float32 vector). Called in
         the sample's seeded generators, after the worker's transforms; a multi-crop makes its
-        views here, copies of the workers' one image."""
+        views here, each the workers' one image (the same tensor: the collator ships it once)."""
         views = [uint8_view(view) for view in (views if isinstance(views, list) else [views])]
         if self.groups is None:
             return views, [torch.tensor(self.draw_view(view), dtype=torch.float32)
@@ -153,12 +155,14 @@ class DeviceAugmentation:
         """``params`` [N, size] cut into each op's columns."""
         return list(params.split([op.size for op in self.ops], dim=1))
 
-    def plan(self, params: torch.Tensor) -> list:
+    def plan(self, params: torch.Tensor, images: Optional[int] = None) -> list:
         """Each op's rows to change (CPU indices), made where reading values costs nothing:
-        in the loader's collator."""
+        in the loader's collator. ``images``: a multi-crop group's rows crop the ``images``
+        shipped images, row r image ``r % images`` (ResizedCropOp.plan)."""
         if self.groups is not None:
             raise TypeError("a multi-crop's rows are planned by resolution group (row_groups)")
-        return [op.plan(part) for op, part in zip(self.ops, self.slices(params))]
+        return [op.plan(part, images) if isinstance(op, ResizedCropOp) else op.plan(part)
+                for op, part in zip(self.ops, self.slices(params))]
 
     def row_groups(self, stacks: List[torch.Tensor], samples: int) -> list:
         """(params, plan) per run of rows the device augments as one tensor: ``stacks`` (one
@@ -169,7 +173,8 @@ class DeviceAugmentation:
             return [(params, self.plan(params)) for params in stacks]
         [params] = stacks  # the views reaching a device crop share one size
         parts = params.split([count * samples for count in self.multicrop.counts])
-        return [(part, group.plan(part)) for part, group in zip(parts, self.groups)]
+        return [(part, group.plan(part, images=samples))
+                for part, group in zip(parts, self.groups)]
 
     def __call__(self, images: torch.Tensor, params: torch.Tensor, plan=None,
                  channels_last: bool = False) -> torch.Tensor:
@@ -192,8 +197,9 @@ class DeviceAugmentation:
         """``batch`` (from a loader of this split) moved by ``move`` and augmented (in the
         ``channels_last`` format or not); its parameters stay on the CPU (indices of rows are
         chosen there, so nothing waits)."""
-        groups = batch.pop(PARAMS_KEY)  # (params, plan) per run of same-size views
-        batch = move(batch)
+        groups = batch[PARAMS_KEY]  # (params, plan) per run of same-size views
+        # the loader's batch stays as it is: the log counts its views by these parameters
+        batch = move({key: value for key, value in batch.items() if key != PARAMS_KEY})
         inputs = batch["input"]
         if self.groups is not None:  # a multi-crop: one tensor of every view's copy
             batch["input"] = self.multicrop_on_device(inputs, groups, move, channels_last)
@@ -210,15 +216,14 @@ class DeviceAugmentation:
 
     def multicrop_on_device(self, inputs, groups: list, move: Callable,
                             channels_last: bool) -> List[torch.Tensor]:
-        """The copies of the images (multicrop_collator's list of one tensor, view-major: the
-        copies share the image's size) cut by resolution group, each group's rows augmented by
-        its chain; groups of one output size next to each other are joined, as
-        multicrop_collator joins such views."""
-        [inputs] = inputs
-        parts = inputs.split([params.shape[0] for params, _ in groups])
+        """The shipped images (a list of one tensor, one image a sample) cropped by every
+        resolution group's rows, view-major (each row's box reads image ``row % samples``),
+        and augmented by the group's chain; groups of one output size next to each other are
+        joined, as multicrop_collator joins such views."""
+        [images] = inputs
         outputs = []
-        for chain, part, (params, plan) in zip(self.groups, parts, groups):
-            out = move(chain(part, params, plan, channels_last=channels_last))
+        for chain, (params, plan) in zip(self.groups, groups):
+            out = move(chain(images, params, plan, channels_last=channels_last))
             if outputs and outputs[-1].shape[1:] == out.shape[1:]:
                 out = torch.cat([outputs.pop(), out])
             outputs.append(out)
@@ -255,7 +260,11 @@ class DeviceParamsCollator:
     def __call__(self, samples):
         if self.augmentation.crops:
             check_one_size(samples)
-        batch = self.collate(samples)
+        if self.augmentation.multicrop is None:
+            batch = self.collate(samples)
+        else:  # the views are one image's copies: ship it once, with every view's rows' meta
+            batch = self.collate([{**sample, "data": sample["data"][:1]} for sample in samples])
+            batch.update(view_major_meta(samples, list(range(num_views(samples)))))
         batch[PARAMS_KEY] = self.augmentation.row_groups(rows_of_params(samples), len(samples))
         return batch
 

@@ -1,7 +1,7 @@
 """Device ops that move or hide pixels (data/device_ops.py says what an op is): torchvision's
 RandomResizedCrop and RandomHorizontalFlip (DATA.<split>.DEVICE_CROPS), ImgPilToMultiCrop's
 views (MultiCropOp) and RandomErasing."""
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torchvision.transforms as T
@@ -123,10 +123,13 @@ class ResizedCropOp:
         """The shape of a view of ``shape`` ([C, H, W]) once cropped."""
         return (shape[0], *self.out)
 
-    def plan(self, params: torch.Tensor) -> list:
-        """roi_align's boxes: (row, x1, y1, x2, y2) per row."""
+    def plan(self, params: torch.Tensor, images: Optional[int] = None) -> list:
+        """roi_align's boxes: (image, x1, y1, x2, y2) per row; row r reads image r, or with
+        ``images`` (a multi-crop's rows, view-major over that many images) image r % images."""
         top, left, height, width = params.unbind(1)
         rows = torch.arange(len(params), dtype=params.dtype)
+        if images is not None:
+            rows = rows.remainder(images)
         return [torch.stack([rows, left, top, left + width, top + height], dim=1)]
 
     def apply(self, images: torch.Tensor, params: torch.Tensor, plan=None) -> torch.Tensor:

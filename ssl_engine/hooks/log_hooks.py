@@ -14,6 +14,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
+from ssl_engine.data.device_augmentation import PARAMS_KEY
 from ssl_engine.hooks.base import SSLHook
 from ssl_engine.hooks.throughput import throughput
 from ssl_engine.hooks.metrics_writers import JsonWriter, LogLineWriter
@@ -88,6 +89,9 @@ def batch_counts(batch) -> Tuple[int, int]:
         return 0
 
     views = rows(batch.get("input")) + rows(batch.get("input_momentum")) or len(batch["target"])
+    if PARAMS_KEY in batch:  # augmented on the device: a row of drawn parameters a view (a
+        # multi-crop's host batch holds each image once, whatever its views)
+        views = sum(len(params) for params, _ in batch[PARAMS_KEY])
     if "data_idx" in batch:
         return int(torch.unique(batch["data_idx"]).numel()), views
     return len(batch["target"]), views
