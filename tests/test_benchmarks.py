@@ -63,6 +63,18 @@ def test_multicrop_speed_compares_the_batch_with_its_groups(load_benchmark, caps
     assert ratio > 0
 
 
+def test_multicrop_collate_ships_each_image_once(load_benchmark, capsys):
+    result = load_benchmark("multicrop_collate").main(["--batch", "3", "--size", "32",
+                                                       "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "batch 3 of 32-pixel images, 8 views each" in out
+    (once_ms, once_mib), (copies_ms, copies_mib) = result.values()
+    assert once_mib == pytest.approx(3 * 3 * 32 * 32 / 2 ** 20) and copies_mib == 8 * once_mib
+    assert row_numbers(out, "each image once (shipped)") == [round(once_ms, 1), round(once_mib, 1)]
+    [time_ratio, bytes_ratio] = row_numbers(out, "copies / once:")
+    assert bytes_ratio == 8.0 and time_ratio == pytest.approx(copies_ms / once_ms, abs=0.006)
+
+
 def test_scale_memory_shards_state_and_measures_checkpointing(load_benchmark, capsys):
     from ssl_engine.engines.launcher import find_free_port
 
