@@ -74,8 +74,8 @@ def main(argv=None) -> dict:
     for name in variants:
         result[name] = (statistics.median(times[name]), mib[name])
         print(f"{name:<28} {result[name][0]:7.1f} {mib[name]:10.1f}")
-    once, copies = result.values()
-    print(f"copies / once: {copies[0] / once[0]:.2f}x the time, {copies[1] / once[1]:.1f}x "
+    (once_ms, once_mib), (copies_ms, copies_mib) = result.values()
+    print(f"copies / once: {copies_ms / once_ms:.2f}x the time, {copies_mib / once_mib:.1f}x "
           f"the bytes")
     return result
 

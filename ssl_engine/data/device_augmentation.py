@@ -22,10 +22,10 @@ batch with each view's own parameters.
 Multi-crop on the device: an ImgPilToMultiCrop in the device tail starts it (the transforms
 before it stay in the workers). The workers ship each sample's image once as uint8 (not
 ``total_num_crops`` copies), with every view's drawn box (by the view's resolution group) and
-the meta of every view's row; on the device each group's crop
-cuts its rows' boxes out of the one tensor of images (roi_align's box index), the rows go
-through the ops after the multi-crop, and "input" becomes one tensor per output size, as
-multicrop_collator makes from views cropped in the workers.
+the meta of every view's row; on the device each group's crop cuts its rows' boxes out of the
+one tensor of images (roi_align's box index), the rows go through the ops after the
+multi-crop, and "input" becomes one tensor per output size, as multicrop_collator makes from
+views cropped in the workers.
 """
 from typing import Callable, List, Optional, Tuple
 
@@ -185,7 +185,12 @@ class DeviceAugmentation:
         if self.groups is not None:
             raise TypeError("a multi-crop's batch is augmented group by group (on_device)")
         layout = torch.channels_last if channels_last else torch.contiguous_format
-        images = images.float().div_(255).contiguous(memory_format=layout)
+        return self.augment(as_floats(images, layout), params, plan, layout)
+
+    def augment(self, images: torch.Tensor, params: torch.Tensor, plan, layout
+                ) -> torch.Tensor:
+        """``__call__`` on images already floats in [0, 1] in the memory format ``layout``
+        (a multi-crop's groups share one conversion of the shipped images)."""
         plan = self.plan(params) if plan is None else plan
         for op, part, rows in zip(self.ops, self.slices(params), plan):
             images = op.apply(images, part, rows)
@@ -201,7 +206,7 @@ class DeviceAugmentation:
         # the loader's batch stays as it is: the log counts its views by these parameters
         batch = move({key: value for key, value in batch.items() if key != PARAMS_KEY})
         inputs = batch["input"]
-        if self.groups is not None:  # a multi-crop: one tensor of every view's copy
+        if self.groups is not None:  # a multi-crop: every view is cut from the one image
             batch["input"] = self.multicrop_on_device(inputs, groups, move, channels_last)
         elif "input_momentum" in batch:  # moco_collator: view 0's rows, then view 1's
             both = torch.cat([inputs, batch["input_momentum"]])
@@ -221,9 +226,11 @@ class DeviceAugmentation:
         and augmented by the group's chain; groups of one output size next to each other are
         joined, as multicrop_collator joins such views."""
         [images] = inputs
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        images = as_floats(images, layout)  # once: each group's crop reads it, none changes it
         outputs = []
         for chain, (params, plan) in zip(self.groups, groups):
-            out = move(chain(images, params, plan, channels_last=channels_last))
+            out = move(chain.augment(images, params, plan, layout))
             if outputs and outputs[-1].shape[1:] == out.shape[1:]:
                 out = torch.cat([outputs.pop(), out])
             outputs.append(out)
@@ -232,6 +239,11 @@ class DeviceAugmentation:
     def __repr__(self) -> str:
         inner = "".join(f"\n  {op!r}" for op in self.ops)
         return f"DeviceAugmentation({inner}\n)"
+
+
+def as_floats(images: torch.Tensor, layout) -> torch.Tensor:
+    """uint8 images as floats in [0, 1] (what ToTensor gives) in the memory format ``layout``."""
+    return images.float().div_(255).contiguous(memory_format=layout)
 
 
 def rows_of_params(samples: List[dict]) -> List[torch.Tensor]:

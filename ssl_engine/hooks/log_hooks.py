@@ -88,10 +88,11 @@ def batch_counts(batch) -> Tuple[int, int]:
             return sum(rows(item) for item in obj.values())
         return 0
 
-    views = rows(batch.get("input")) + rows(batch.get("input_momentum")) or len(batch["target"])
     if PARAMS_KEY in batch:  # augmented on the device: a row of drawn parameters a view (a
         # multi-crop's host batch holds each image once, whatever its views)
         views = sum(len(params) for params, _ in batch[PARAMS_KEY])
+    else:
+        views = rows(batch.get("input")) + rows(batch.get("input_momentum")) or len(batch["target"])
     if "data_idx" in batch:
         return int(torch.unique(batch["data_idx"]).numel()), views
     return len(batch["target"]), views
