@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
+from gloo_utils import spawn_ranks
 from ssl_engine.data import (
     StatefulDistributedSampler,
     build_collator,
@@ -174,9 +174,9 @@ def test_sampler_start_iter_skips_whole_batches():
     assert list(sampler) == [] and len(sampler) == 0
 
 
-def _sampler_in_process_group(rank, world_size, folder):
-    init = f"file://{folder}/init"
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+def _sampler_in_process_group(rank, world_size, init_file, folder):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
     try:
         sampler = StatefulDistributedSampler(9, 2, seed=3)
         sampler.set_epoch(1)
@@ -186,7 +186,7 @@ def _sampler_in_process_group(rank, world_size, folder):
 
 
 def test_sampler_reads_rank_and_world_from_the_process_group(tmp_path):
-    mp.spawn(_sampler_in_process_group, args=(2, str(tmp_path)), nprocs=2)
+    spawn_ranks(_sampler_in_process_group, 2, tmp_path, lambda init: (2, init, str(tmp_path)))
     for rank in range(2):
         expected = StatefulDistributedSampler(9, 2, seed=3, rank=rank, world_size=2)
         expected.set_epoch(1)

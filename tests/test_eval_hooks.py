@@ -3,9 +3,9 @@ import pickle
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine_utils import QUICK, final_weights, metrics, run_engine, step_losses
+from gloo_utils import spawn_ranks
 from ssl_engine.config import load_config
 from ssl_engine.data import build_dataset
 from ssl_engine.evaluation.knn import knn_classify
@@ -166,7 +166,7 @@ def gather_worker(rank, world_size, init_file, out_file):
 
 def test_two_processes_gather_every_sample_once_in_order(tmp_path):
     """11 test samples over 2 ranks (padded with a repeat) in batches of 3."""
-    mp.spawn(gather_worker, args=(2, tmp_path / "init", tmp_path / "out.pkl"), nprocs=2)
+    spawn_ranks(gather_worker, 2, tmp_path, lambda init: (2, init, tmp_path / "out.pkl"))
     with open(tmp_path / "out.pkl", "rb") as handle:
         result = pickle.load(handle)
     for split, size in (("TRAIN", 32), ("TEST", 11)):

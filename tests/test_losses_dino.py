@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from gloo_utils import spawn_ranks
 from ssl_engine.hooks.frozen_params_hook import FrozenParamsHook
 from ssl_engine.losses import DINOLoss, StepContext
 from ssl_engine.models.heads.dino_head import DINOHead
@@ -293,8 +293,7 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_processes_match_one_process(tmp_path):
-    mp.spawn(run_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD_SIZE,
-             join=True)
+    spawn_ranks(run_rank, WORLD_SIZE, tmp_path, lambda init: (init, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     full_loss, full_grad, full_center = dino_loss_and_grad(*global_inputs())
     assert sum(r["loss"] for r in per_rank).item() / WORLD_SIZE == pytest.approx(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_utils import spawn_ranks
 from lightly.loss import BarlowTwinsLoss as LightlyBarlowTwins
 from lightly.loss import NegativeCosineSimilarity
 from lightly.loss import VICRegLoss as LightlyVICReg
@@ -228,8 +228,7 @@ def global_bn_output_and_grads(x: torch.Tensor):
 
 
 def test_two_processes_match_one_process(tmp_path):
-    mp.spawn(run_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD_SIZE,
-             join=True)
+    spawn_ranks(run_rank, WORLD_SIZE, tmp_path, lambda init: (init, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     for name, (factory, inputs) in make_cases().items():
         full_loss, full_grad = loss_and_grad(name, factory, inputs)

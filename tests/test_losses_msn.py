@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gloo_utils import spawn_ranks
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.losses import MSNLoss, StepContext
 from ssl_engine.models.heads.msn_head import MSNHead
@@ -261,10 +262,7 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
 def test_two_processes_match_one_process(tmp_path):
     """Sinkhorn-Knopp and the mean-entropy term run over the global batch, the latter with a
     gradient that reaches every rank: the averaged gradients are one process's."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(run_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD_SIZE,
-             join=True)
+    spawn_ranks(run_rank, WORLD_SIZE, tmp_path, lambda init: (init, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     full_loss, full_grad = msn_loss_and_grad(randn(CROPS * WORLD_SIZE * LOCAL, K, seed=60),
                                              randn(WORLD_SIZE * LOCAL, K, seed=61))

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from gloo_utils import spawn_ranks
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.losses import SimclrInfoNCELoss, build_loss
 from ssl_engine.utils.registry import UnknownNameError
@@ -122,7 +122,7 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_processes_match_one_process(tmp_path):
-    mp.spawn(run_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    spawn_ranks(run_rank, WORLD_SIZE, tmp_path, lambda init: (init, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     for num_views, seed in CASES:
         z = random_embeddings(num_views, WORLD_SIZE * LOCAL_SAMPLES, seed).requires_grad_(True)

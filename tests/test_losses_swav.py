@@ -3,8 +3,8 @@ the head, and 2 gloo processes against 1 process on the same global batch."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo_utils import spawn_ranks
 from lightly.loss.swav_loss import SwaVLoss, sinkhorn
 
 from ssl_engine.losses.base import StepContext
@@ -230,8 +230,7 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_processes_match_one_process(tmp_path):
-    mp.spawn(run_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD_SIZE,
-             join=True)
+    spawn_ranks(run_rank, WORLD_SIZE, tmp_path, lambda init: (init, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     embedding, prototypes, queue = global_inputs()
     full_loss, full_grad = swav_loss_and_grad(embedding, prototypes, queue)

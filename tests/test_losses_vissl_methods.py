@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo_utils import spawn_ranks
 from lightly.loss import NTXentLoss
 from lightly.loss.swav_loss import sinkhorn
 from PIL import Image
@@ -258,7 +258,7 @@ def _bce_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_bce_on_two_processes_is_the_loss_of_the_global_batch(tmp_path):
-    mp.spawn(_bce_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_bce_rank, 2, tmp_path, lambda init: (init, str(tmp_path)))
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     logits = randn(6, 2, seed=19).requires_grad_(True)
     loss = BCELogitsMultipleOutputSingleTargetLoss()(logits, BCE_TARGET)

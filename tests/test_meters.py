@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from gloo_utils import spawn_ranks
 from ssl_engine.config.attr_dict import AttrDict
 from ssl_engine.meters import AccuracyListMeter, build_meters
 
@@ -131,8 +131,7 @@ def list_meter_values(rank: int) -> dict:
 
 def test_sync_state_gives_accuracy_of_union_of_ranks(tmp_path):
     world_size = 2
-    args = (world_size, str(tmp_path / "init"), str(tmp_path))
-    mp.spawn(sync_worker, args=args, nprocs=world_size)
+    spawn_ranks(sync_worker, world_size, tmp_path, lambda init: (world_size, init, str(tmp_path)))
     batches = [fixed_batch(100 + rank, n=30 + 10 * rank, outputs=2) for rank in range(world_size)]
     target = np.concatenate([b[1] for b in batches])
     expected = {
